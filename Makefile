@@ -1,0 +1,29 @@
+# The two commands of the README. Both install what they need first (scripts/bootstrap.sh).
+VENV ?= .venv
+BIN := $(VENV)/bin
+export AIRFLOW_HOME ?= $(CURDIR)/.airflow_home
+
+.PHONY: bootstrap demo test lint typecheck unit bench
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+## Runs the minGPT DDP demo: 2 nodes of the embedded local cluster, real torchrun training.
+demo: bootstrap
+	$(BIN)/airflow-sky launch -c mingpt-demo examples/mingpt/train.yaml --down -y
+
+## Installs what the tests need, then runs ruff, mypy and the whole test suite.
+test: bootstrap lint typecheck unit
+
+lint:
+	$(BIN)/ruff check airflow_sky tests dags examples bench
+	$(BIN)/ruff format --check airflow_sky tests dags examples bench
+
+typecheck:
+	$(BIN)/mypy
+
+unit:
+	$(BIN)/pytest -q tests
+
+bench: bootstrap
+	$(BIN)/python bench/run_all.py

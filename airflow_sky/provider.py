@@ -1,0 +1,26 @@
+"""Airflow provider metadata (the apache_airflow_provider entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def get_provider_info() -> dict[str, Any]:
+    from airflow_sky import __version__
+
+    return {
+        "package-name": "airflow-sky",
+        "name": "airflow-sky",
+        "description": "Run SkyPilot-style multi-node jobs (torchrun DDP, Ray, shell) as Airflow DAGs.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "airflow-sky",
+                "external-doc-url": "https://docs.skypilot.co/",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [{"integration-name": "airflow-sky", "python-modules": ["airflow_sky.operators"]}],
+        "hooks": [{"integration-name": "airflow-sky", "python-modules": ["airflow_sky.hooks"]}],
+        "triggers": [{"integration-name": "airflow-sky", "python-modules": ["airflow_sky.triggers"]}],
+    }

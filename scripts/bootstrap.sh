@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs everything airflow-sky's demo and tests need on a fresh machine:
+# system packages (rsync, OpenSSH client + server), a .venv with the package and its extras, and torch (CPU).
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${AIRFLOW_SKY_VENV:-.venv}
+PY=${PYTHON:-python3}
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+need_apt=()
+command -v rsync >/dev/null || need_apt+=(rsync)
+command -v ssh >/dev/null || need_apt+=(openssh-client)
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v ps >/dev/null || need_apt+=(procps)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "bootstrap: installing system packages: ${need_apt[*]}"
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"; } >"$log" 2>&1; then
+    cat "$log"; echo "bootstrap: apt-get install ${need_apt[*]} failed" >&2; exit 1
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "bootstrap: creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.airflow-sky-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: installing airflow-sky[dev,aws,gcp] and torch (CPU) into $VENV (a few minutes on first run)"
+  if ! { "$VENV/bin/pip" install -q --upgrade pip \
+        && "$VENV/bin/pip" install -q "torch==2.13.0" \
+        && "$VENV/bin/pip" install -q -e ".[dev,aws,gcp]"; } >"$log" 2>&1; then
+    grep -v "is ignored: it is neither a file nor a directory" "$log" | tail -40
+    echo "bootstrap: pip install failed" >&2; exit 1
+  fi
+  touch "$stamp"
+fi
