@@ -88,8 +88,18 @@ class _ProcessRunner:
             start_new_session=True,
         )
         self.own_children.add(proc.pid)
-        await process.redirect(stdin=proc.stdin, stdout=proc.stdout, stderr=proc.stderr)
-        return await self._wait(process, proc)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        # Explicit pumps rather than process.redirect(): the exit status must follow the last output byte.
+        feeding = asyncio.ensure_future(_pump_stdin(process.stdin, proc.stdin))
+        output = asyncio.gather(_pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr))
+        closed = asyncio.ensure_future(process.wait_closed())
+        await asyncio.wait({output, closed}, return_when=asyncio.FIRST_COMPLETED)
+        rc = await self._wait(proc, client_gone=not output.done())
+        feeding.cancel()
+        closed.cancel()
+        if not output.done():
+            output.cancel()
+        return rc
 
     async def _run_with_pty(self, process: asyncssh.SSHServerProcess[bytes], argv: list[str], env: dict[str, str]) -> int:
         master, slave = pty.openpty()
@@ -104,27 +114,40 @@ class _ProcessRunner:
         reader = os.fdopen(master, "rb", buffering=0)
         writer = os.fdopen(os.dup(master), "wb", buffering=0)
         await process.redirect(stdin=writer, stdout=reader)
-        rc = await self._wait(process, proc)
-        return rc
-
-    async def _wait(self, process: asyncssh.SSHServerProcess[bytes], proc: asyncio.subprocess.Process) -> int:
         closed = asyncio.ensure_future(process.wait_closed())
         done = asyncio.ensure_future(proc.wait())
         await asyncio.wait({closed, done}, return_when=asyncio.FIRST_COMPLETED)
-        if not done.done():
+        closed.cancel()
+        return await self._wait(proc, client_gone=not done.done())
+
+    async def _wait(self, proc: asyncio.subprocess.Process, client_gone: bool) -> int:
+        if client_gone and proc.returncode is None:
             # The client went away: hang up the command's process group, as sshd does.
             _signal_group(proc.pid, signal.SIGHUP)
             try:
-                await asyncio.wait_for(asyncio.shield(done), _HANGUP_GRACE_S)
+                await asyncio.wait_for(proc.wait(), _HANGUP_GRACE_S)
             except TimeoutError:
                 _signal_group(proc.pid, signal.SIGKILL)
-        rc = await done
+        rc = await proc.wait()
         self.own_children.discard(proc.pid)
-        closed.cancel()
-        # Let the redirect tasks flush what the command wrote just before it exited.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(process.stdout.drain(), 5)
         return rc if rc >= 0 else 128 - rc
+
+
+async def _pump(source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes]) -> None:
+    while chunk := await source.read(65536):
+        sink.write(chunk)
+        await sink.drain()
+
+
+async def _pump_stdin(source: asyncssh.SSHReader[bytes], sink: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await source.read(65536):
+            sink.write(chunk)
+            await sink.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        sink.close()
 
 
 def _become_subreaper() -> None:

@@ -35,7 +35,7 @@ def ignore_spec(local_dir: Path) -> pathspec.PathSpec:
     """The exclusion rules of a directory: .skyignore wins over .gitignore files (as in SkyPilot)."""
     skyignore = local_dir / SKYIGNORE
     if skyignore.is_file():
-        return pathspec.PathSpec.from_lines("gitwildmatch", skyignore.read_text().splitlines())
+        return pathspec.GitIgnoreSpec.from_lines(skyignore.read_text().splitlines())
     lines: list[str] = []
     for gitignore in sorted(local_dir.rglob(GITIGNORE)):
         prefix = gitignore.parent.relative_to(local_dir).as_posix()
@@ -44,7 +44,7 @@ def ignore_spec(local_dir: Path) -> pathspec.PathSpec:
             if not line or line.startswith("#"):
                 continue
             lines.append(_anchor(line, prefix))
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def _anchor(pattern: str, prefix: str) -> str:

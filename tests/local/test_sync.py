@@ -1,0 +1,65 @@
+"""Workdir sync to a real local node: ignore rules, incremental re-sync, rsync and SFTP paths."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_sky.remote import NodeClient
+from airflow_sky.remote.sync import ignore_spec, iter_files, sync_dir
+
+
+def _make_tree(root: Path, count: int) -> None:
+    for i in range(count):
+        sub = root / f"pkg{i % 20}"
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"file{i}.py").write_text(f"value = {i}\n")
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_resync_after_one_change_sends_only_that_file(local_cluster, tmp_path, method):
+    _, nodes, key = local_cluster(1)
+    _make_tree(tmp_path, 2000)
+    with NodeClient(nodes[0], key) as client:
+        first = sync_dir(client, tmp_path, "~/sky_workdir", method=method)
+        assert first.method == method and len(first.files_sent) == 2000
+        changed = tmp_path / "pkg7" / "file7.py"
+        changed.write_text("value = 'changed'\n")
+        future = time.time() + 5  # a different mtime even on coarse clocks
+        os.utime(changed, (future, future))
+        second = sync_dir(client, tmp_path, "~/sky_workdir", method=method)
+        assert second.files_sent == ("pkg7/file7.py",)
+        assert client.exec("cat sky_workdir/pkg7/file7.py")[1] == b"value = 'changed'\n"
+        assert client.exec("find sky_workdir -type f | wc -l")[1].strip() == b"2000"
+
+
+@pytest.mark.parametrize("method", ["rsync", "sftp"])
+def test_skyignore_wins_over_gitignore(local_cluster, tmp_path, method):
+    _, nodes, key = local_cluster(1)
+    (tmp_path / "keep.py").write_text("x")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.bin").write_text("x")
+    (tmp_path / "notes.log").write_text("x")
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    (tmp_path / ".skyignore").write_text("data/\n")
+    with NodeClient(nodes[0], key) as client:
+        sync_dir(client, tmp_path, "~/sky_workdir", method=method)
+        files = client.exec("cd sky_workdir && find . -type f | sort")[1].decode().split()
+    assert files == ["./.gitignore", "./.skyignore", "./keep.py", "./notes.log"]
+
+
+def test_gitignore_rules_apply_without_skyignore(tmp_path):
+    (tmp_path / "a.py").write_text("x")
+    (tmp_path / "out.log").write_text("x")
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "x.o").write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / ".gitignore").write_text("secret.txt\n")
+    (tmp_path / "sub" / "secret.txt").write_text("x")
+    (tmp_path / "sub" / "ok.txt").write_text("x")
+    (tmp_path / ".gitignore").write_text("*.log\nbuild/\n")
+    files = list(iter_files(tmp_path, ignore_spec(tmp_path)))
+    assert files == [".gitignore", "a.py", "sub/.gitignore", "sub/ok.txt"]
