@@ -22,7 +22,9 @@ class RemoteError(SkyError):
 class JobFailed(SkyError):
     """A job phase (setup or run) ended with a non-zero exit code on some node."""
 
-    def __init__(self, message: str, *, status: str = "FAILED", rank: int | None = None, exit_code: int | None = None):
+    def __init__(
+        self, message: str, *, status: str = "FAILED", rank: int | None = None, exit_code: int | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.rank = rank

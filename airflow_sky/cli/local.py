@@ -75,5 +75,7 @@ def _print_nodes(name: str, nodes: list[Any]) -> None:
     for column in ("rank", "ip", "ssh port", "instance", "status"):
         table.add_column(column)
     for node in nodes:
-        table.add_row(str(node.rank), node.internal_ip, str(node.ssh_port), node.instance_id, node.status.value)
+        table.add_row(
+            str(node.rank), node.internal_ip, str(node.ssh_port), node.instance_id, node.status.value
+        )
     Console().print(table)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-class NodeStatus(str, enum.Enum):
+class NodeStatus(enum.StrEnum):
     RUNNING = "RUNNING"
     PREEMPTED = "PREEMPTED"
     TERMINATED = "TERMINATED"

@@ -170,7 +170,9 @@ class LocalCloud(Cloud):
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         host_key.write_private_key(str(layout.host_key_path(node_dir)))
         os.chmod(layout.host_key_path(node_dir), 0o600)
-        shutil.copyfile(str(layout.cluster_key_path(cluster_name)) + ".pub", layout.authorized_keys_path(node_dir))
+        shutil.copyfile(
+            str(layout.cluster_key_path(cluster_name)) + ".pub", layout.authorized_keys_path(node_dir)
+        )
         with _locked(layout.root() / "addresses.lock"):
             ip = self._free_address()
             layout.write_json_atomic(

@@ -7,6 +7,7 @@ them even after `setsid` moved them out of the server's session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -66,7 +67,9 @@ def wait_ready(node_dirs: Iterable[Path], timeout_s: float = 30.0) -> dict[Path,
             break
         if time.monotonic() > deadline:
             names = ", ".join(d.name for d in pending)
-            raise ClusterError(f"local nodes {names} did not start within {timeout_s:.0f}s (see their server.log)")
+            raise ClusterError(
+                f"local nodes {names} did not start within {timeout_s:.0f}s (see their server.log)"
+            )
         time.sleep(0.05)
     return ports
 
@@ -88,10 +91,8 @@ def kill_marked(prefix: str, timeout_s: float = 5.0) -> int:
     """SIGKILL every process of a node or cluster and reap; returns how many there were."""
     procs = processes_with_marker(prefix)
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             proc.send_signal(signal.SIGKILL)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
     _, alive = psutil.wait_procs(procs, timeout=timeout_s)
     if alive:
         pids = ", ".join(str(p.pid) for p in alive)

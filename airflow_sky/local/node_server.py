@@ -69,7 +69,9 @@ class _ProcessRunner:
         command = process.command
         argv = ["bash", "-c", command] if command is not None else ["bash", "-l"]
         client_env = {k: v for k, v in (process.env or {}).items() if k in ("TERM", "LANG", "LC_ALL")}
-        env = _command_env(self._home, self._marker, self._base_env, {str(k): str(v) for k, v in client_env.items()})
+        env = _command_env(
+            self._home, self._marker, self._base_env, {str(k): str(v) for k, v in client_env.items()}
+        )
         if process.get_terminal_type():
             env["TERM"] = process.get_terminal_type() or "xterm"
             rc = await self._run_with_pty(process, argv, env)
@@ -77,7 +79,9 @@ class _ProcessRunner:
             rc = await self._run_with_pipes(process, argv, env)
         process.exit(rc)
 
-    async def _run_with_pipes(self, process: asyncssh.SSHServerProcess[bytes], argv: list[str], env: dict[str, str]) -> int:
+    async def _run_with_pipes(
+        self, process: asyncssh.SSHServerProcess[bytes], argv: list[str], env: dict[str, str]
+    ) -> int:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
@@ -91,7 +95,9 @@ class _ProcessRunner:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         # Explicit pumps rather than process.redirect(): the exit status must follow the last output byte.
         feeding = asyncio.ensure_future(_pump_stdin(process.stdin, proc.stdin))
-        output = asyncio.gather(_pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr))
+        output: asyncio.Future[Any] = asyncio.gather(
+            _pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr)
+        )
         closed = asyncio.ensure_future(process.wait_closed())
         await asyncio.wait({output, closed}, return_when=asyncio.FIRST_COMPLETED)
         rc = await self._wait(proc, client_gone=not output.done())
@@ -101,7 +107,9 @@ class _ProcessRunner:
             output.cancel()
         return rc
 
-    async def _run_with_pty(self, process: asyncssh.SSHServerProcess[bytes], argv: list[str], env: dict[str, str]) -> int:
+    async def _run_with_pty(
+        self, process: asyncssh.SSHServerProcess[bytes], argv: list[str], env: dict[str, str]
+    ) -> int:
         master, slave = pty.openpty()
         width, height, _, _ = process.get_terminal_size()
         if width and height:

@@ -31,8 +31,10 @@ def parse_host_key(host_key: str) -> paramiko.PKey:
     """`<type> <base64>` as in known_hosts -> a paramiko key (paramiko parses the blob)."""
     parts = host_key.split()
     if len(parts) < 2 or parts[0] not in _HOST_KEY_TYPES:
-        raise RemoteError(f"unsupported host key {host_key[:40]!r}: expected '<type> <base64>' ({', '.join(_HOST_KEY_TYPES)})")
-    return _HOST_KEY_TYPES[parts[0]](data=base64.b64decode(parts[1]))
+        raise RemoteError(
+            f"unsupported host key {host_key[:40]!r}: expected '<type> <base64>' ({', '.join(_HOST_KEY_TYPES)})"
+        )
+    return _HOST_KEY_TYPES[parts[0]](data=base64.b64decode(parts[1]))  # type: ignore[arg-type]
 
 
 class NodeSSHHook(SSHHook):
@@ -42,7 +44,9 @@ class NodeSSHHook(SSHHook):
     paramiko leaves Nagle on, which costs ~40 ms per small exec round trip.
     """
 
-    def __init__(self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3) -> None:
+    def __init__(
+        self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3
+    ) -> None:
         super().__init__(
             remote_host=node.ssh_host,
             username=node.ssh_user,
@@ -55,7 +59,7 @@ class NodeSSHHook(SSHHook):
         self.look_for_keys = False
         self.compress = False  # rsync compresses what needs it; zlib only slows small execs
         if node.host_key:
-            self.host_key = parse_host_key(node.host_key)
+            self.host_key = parse_host_key(node.host_key)  # type: ignore[assignment]
             self.no_host_key_check = False
 
     def get_conn(self) -> paramiko.SSHClient:
@@ -70,7 +74,9 @@ class NodeSSHHook(SSHHook):
 class NodeClient:
     """Exec, streaming exec and SFTP on one node over one reused connection. Thread-safe for exec."""
 
-    def __init__(self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3) -> None:
+    def __init__(
+        self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3
+    ) -> None:
         self.node = node
         self.key_file = key_file
         self._hook = NodeSSHHook(node, key_file, conn_timeout, conn_retry_attempts)
@@ -117,7 +123,9 @@ class NodeClient:
             self._sftp = None
             self._client = None
 
-    def exec(self, command: str, stdin: bytes | IO[bytes] | None = None, timeout: float | None = 120) -> tuple[int, bytes, bytes]:
+    def exec(
+        self, command: str, stdin: bytes | IO[bytes] | None = None, timeout: float | None = 120
+    ) -> tuple[int, bytes, bytes]:
         """Run `command` (bash text, never carrying secrets) and return (exit code, stdout, stderr)."""
         chunks: dict[str, list[bytes]] = {"out": [], "err": []}
         rc = self.exec_stream(
@@ -141,7 +149,9 @@ class NodeClient:
         try:
             channel = self.ssh.get_transport().open_session(timeout=30)  # type: ignore[union-attr]
         except (paramiko.SSHException, OSError) as e:
-            raise RemoteError(f"cannot open a channel to node rank {self.node.rank} ({self.node.ssh_host}): {e}") from e
+            raise RemoteError(
+                f"cannot open a channel to node rank {self.node.rank} ({self.node.ssh_host}): {e}"
+            ) from e
         with channel:
             channel.settimeout(timeout)
             channel.exec_command(f"bash -c {shlex.quote(command)}")

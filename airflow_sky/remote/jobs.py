@@ -62,7 +62,9 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def start_job(client: NodeClient, job_id: str, script: str, env: Mapping[str, str], generation: int = 0) -> JobStart:
+def start_job(
+    client: NodeClient, job_id: str, script: str, env: Mapping[str, str], generation: int = 0
+) -> JobStart:
     """Start `script` detached under bash in ~/sky_workdir with `env`; a second call attaches instead."""
     payload = _tar(
         {
@@ -73,18 +75,24 @@ def start_job(client: NodeClient, job_id: str, script: str, env: Mapping[str, st
     )
     rc, out, err = client.exec(shell.start_command(job_id, generation), stdin=payload, timeout=60)
     if rc != 0:
-        raise RemoteError(f"could not start job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}")
+        raise RemoteError(
+            f"could not start job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}"
+        )
     state, _, pid = out.decode().strip().rpartition("\n")[2].partition(" ")
     return JobStart(pid=int(pid) if pid.isdigit() else None, started=state == "started")
 
 
-def poll_job(client: NodeClient, job_id: str, generation: int, offset: int, max_bytes: int = DEFAULT_POLL_BYTES) -> JobPoll:
+def poll_job(
+    client: NodeClient, job_id: str, generation: int, offset: int, max_bytes: int = DEFAULT_POLL_BYTES
+) -> JobPoll:
     """New log bytes from `offset` plus the job's state, in one round trip."""
     rc, out, err = client.exec(shell.poll_command(job_id, generation, offset, max_bytes), timeout=60)
     header, _, data = out.partition(b"\n")
     fields = header.decode(errors="replace").split()
     if rc != 0 or len(fields) != 3:
-        raise RemoteError(f"could not poll job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}")
+        raise RemoteError(
+            f"could not poll job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}"
+        )
     code, alive, size = fields
     if code == "missing":
         return JobPoll(b"", offset, 0, running=False, exit_code=None, missing=True)
@@ -107,9 +115,13 @@ def kill_job(
 ) -> int | None:
     """Stop the job's whole process group; returns the exit code now recorded (None if it never started)."""
     record = record_exit_code if record_exit_code is not None else 128 + int(sig)
-    rc, out, err = client.exec(shell.kill_command(job_id, generation, sig, grace_s, record), timeout=grace_s + 60)
+    rc, out, err = client.exec(
+        shell.kill_command(job_id, generation, sig, grace_s, record), timeout=grace_s + 60
+    )
     if rc != 0:
-        raise RemoteError(f"could not kill job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}")
+        raise RemoteError(
+            f"could not kill job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}"
+        )
     words = out.decode().split()
     return int(words[1]) if len(words) == 2 and words[1].lstrip("-").isdigit() else None
 

@@ -107,7 +107,9 @@ tail -c +{int(offset) + 1} "$d/log" 2>/dev/null | head -c {int(max_bytes)} || tr
 """
 
 
-def kill_command(job_id: str, generation: int, sig: signal.Signals, grace_s: float, record_exit_code: int) -> str:
+def kill_command(
+    job_id: str, generation: int, sig: signal.Signals, grace_s: float, record_exit_code: int
+) -> str:
     """Signal the job's process group, SIGKILL it after `grace_s`, and record an exit code if none was written."""
     d = generation_dir(job_id, generation)
     ticks = max(1, int(grace_s * 10))

@@ -139,7 +139,9 @@ def known_hosts_line(client: NodeClient) -> str:
     return f"{host} {node.host_key}\n"
 
 
-def _rsync(client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None) -> SyncResult:
+def _rsync(
+    client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None
+) -> SyncResult:
     with tempfile.TemporaryDirectory(prefix="airflow-sky-sync-") as tmp:
         known_hosts = Path(tmp) / "known_hosts"
         known_hosts.write_text(known_hosts_line(client))
@@ -172,7 +174,9 @@ def _rsync(client: NodeClient, source: Path, remote_dir: str, on_progress: Calla
     return SyncResult("rsync", tuple(sent))
 
 
-def _sftp_sync(client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None) -> SyncResult:
+def _sftp_sync(
+    client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None
+) -> SyncResult:
     sftp = client.sftp
     spec = ignore_spec(source)
     client.exec(f"mkdir -p {shlex.quote(remote_dir)}", timeout=60)
@@ -188,7 +192,9 @@ def _sftp_sync(client: NodeClient, source: Path, remote_dir: str, on_progress: C
             made_dirs.update(_parents(parent))
         try:
             remote_stat = sftp.stat(remote)
-            unchanged = remote_stat.st_size == local_stat.st_size and int(remote_stat.st_mtime or 0) == int(local_stat.st_mtime)
+            unchanged = remote_stat.st_size == local_stat.st_size and int(remote_stat.st_mtime or 0) == int(
+                local_stat.st_mtime
+            )
         except FileNotFoundError:
             unchanged = False
         if unchanged:

@@ -12,7 +12,7 @@ from airflow_sky.remote import NodeClient
 
 
 def test_three_nodes_have_distinct_addresses_and_homes(local_cluster):
-    name, nodes, key = local_cluster(3)
+    _, nodes, key = local_cluster(3)
     assert [n.rank for n in nodes] == [0, 1, 2]
     assert len({n.internal_ip for n in nodes}) == 3
     assert all(n.internal_ip.startswith("127.") and n.status is NodeStatus.RUNNING for n in nodes)
@@ -37,7 +37,9 @@ def test_exec_returns_exit_code_stdout_and_stderr(local_cluster):
 
 def test_wrong_host_key_is_refused(local_cluster):
     _, nodes, key = local_cluster(2)
-    impostor = nodes[1].__class__(**{**nodes[1].to_dict(), "host_key": nodes[0].host_key, "status": nodes[1].status})
+    impostor = nodes[1].__class__(
+        **{**nodes[1].to_dict(), "host_key": nodes[0].host_key, "status": nodes[1].status}
+    )
     client = NodeClient(impostor, key, conn_retry_attempts=1)
     try:
         client.exec("true")
@@ -91,7 +93,9 @@ def test_local_cli_up_ls_down_leaves_no_process(tmp_path):
 def test_preempt_of_unknown_rank_is_a_one_line_error(local_cluster):
     name, _, _ = local_cluster(1)
     result = subprocess.run(
-        [sys.executable, "-m", "airflow_sky.cli", "local", "preempt", name, "5"], capture_output=True, text=True
+        [sys.executable, "-m", "airflow_sky.cli", "local", "preempt", name, "5"],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 1
     assert "has no node of rank 5" in result.stderr and "Traceback" not in result.stderr

@@ -10,7 +10,9 @@ from airflow_sky.local import daemon
 from airflow_sky.remote import NodeClient, kill_job, poll_job, read_xcom, start_job
 
 
-def _wait_done(client: NodeClient, job_id: str, generation: int = 0, timeout: float = 60) -> tuple[bytes, int | None]:
+def _wait_done(
+    client: NodeClient, job_id: str, generation: int = 0, timeout: float = 60
+) -> tuple[bytes, int | None]:
     data, offset = b"", 0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,7 +88,7 @@ def test_sigkill_records_the_requested_exit_code(local_cluster):
 def test_env_values_arrive_intact(local_cluster):
     _, nodes, key = local_cluster(1)
     env = {
-        "QUOTES": "it's \"quoted\" `not run`",
+        "QUOTES": 'it\'s "quoted" `not run`',
         "DOLLAR": "$HOME ${PATH} $(whoami)",
         "SPACES": "  a  b  ",
         "NEWLINES": "line1\nline2\n\nline4",
