@@ -39,6 +39,7 @@ class JobPoll:
     running: bool
     exit_code: int | None  # set once the job finished (or was killed)
     missing: bool = False  # no such job/generation on the node
+    pid: int | None = None  # the job's process group id
 
     @property
     def lost(self) -> bool:
@@ -89,11 +90,11 @@ def poll_job(
     rc, out, err = client.exec(shell.poll_command(job_id, generation, offset, max_bytes), timeout=60)
     header, _, data = out.partition(b"\n")
     fields = header.decode(errors="replace").split()
-    if rc != 0 or len(fields) != 3:
+    if rc != 0 or len(fields) != 4:
         raise RemoteError(
             f"could not poll job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}"
         )
-    code, alive, size = fields
+    code, alive, size, pid = fields
     if code == "missing":
         return JobPoll(b"", offset, 0, running=False, exit_code=None, missing=True)
     return JobPoll(
@@ -102,6 +103,7 @@ def poll_job(
         log_size=int(size),
         running=alive == "1" and code == "-",
         exit_code=None if code == "-" else int(code),
+        pid=int(pid) if pid.isdigit() else None,
     )
 
 
@@ -135,3 +137,16 @@ def current_generation(client: NodeClient, job_id: str) -> int | None:
 def read_xcom(client: NodeClient, job_id: str, name: str = "return.json") -> bytes | None:
     """The file a job wrote to $AIRFLOW_SKY_XCOM_DIR/<name>, or None."""
     return client.read_file(f"{shell.JOBS_DIR}/{shell.validate_job_id(job_id)}/xcom/{name}")
+
+
+def record_failure(
+    head: NodeClient, job_id: str, generation: int, rank: int, exit_code: int
+) -> tuple[int, int]:
+    """Record `rank` as the phase's first failure unless one is recorded; return the recorded (rank, code)."""
+    rc, out, err = head.exec(shell.record_failure_command(job_id, generation, rank, exit_code), timeout=60)
+    words = out.decode().split()
+    if rc != 0 or len(words) != 2:
+        raise RemoteError(
+            f"could not record the failure of job {job_id} on the head node: {err.decode(errors='replace').strip()}"
+        )
+    return int(words[0]), int(words[1])

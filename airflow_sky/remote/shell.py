@@ -85,26 +85,31 @@ echo "$state $(cat "$d/pid" 2>/dev/null || echo -)"
 
 
 def poll_command(job_id: str, generation: int, offset: int, max_bytes: int) -> str:
-    """Print `<exit_code|-> <alive 0|1> <log size>` on one line, then log bytes [offset, offset+max_bytes).
+    """Print `<exit_code|-> <alive 0|1> <log size> <pid|->` on one line, then log bytes [offset, offset+max_bytes).
+
+    `max_bytes=0` asks for the state only.
 
     Liveness is read before the exit code: the wrapper writes the exit code before it exits, so a job seen
     dead with no exit code was really lost (node restarted, wrapper killed).
     """
-    if offset < 0 or max_bytes <= 0:
-        raise ValueError("offset must be >= 0 and max_bytes > 0")
+    if offset < 0 or max_bytes < 0:
+        raise ValueError("offset and max_bytes must be >= 0")
     d = generation_dir(job_id, generation)
     return f"""\
 d={d}
-if [ ! -d "$d" ]; then echo "missing 0 0"; exit 0; fi
+if [ ! -d "$d" ]; then echo "missing 0 0 -"; exit 0; fi
 alive=0
 pid=$(cat "$d/pid" 2>/dev/null || true)
 case "$pid" in ''|*[!0-9]*) ;; *) if [ "$pid" -gt 1 ] && kill -0 -- "-$pid" 2>/dev/null; then alive=1; fi;; esac
 ec=-
 if [ -s "$d/exit_code" ]; then ec=$(cat "$d/exit_code"); fi
 size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)
-echo "$ec $alive $size"
-tail -c +{int(offset) + 1} "$d/log" 2>/dev/null | head -c {int(max_bytes)} || true
-"""
+echo "$ec $alive $size ${{pid:--}}"
+""" + (
+        f'tail -c +{int(offset) + 1} "$d/log" 2>/dev/null | head -c {int(max_bytes)} || true\n'
+        if max_bytes
+        else ""
+    )
 
 
 def kill_command(
@@ -128,3 +133,18 @@ echo "killed $(cat "$d/exit_code")"
 
 def current_generation_command(job_id: str) -> str:
     return f"cat {job_dir(job_id)}/generation 2>/dev/null || echo -"
+
+
+def record_failure_command(job_id: str, generation: int, rank: int, exit_code: int) -> str:
+    """Record which rank failed first (noclobber: the first writer wins) and print the recorded cause.
+
+    Every follower of a phase asks the head for this one record, so all of them name the same culprit even
+    when several see failures at once (the others' exits are the kills that followed).
+    """
+    d = generation_dir(job_id, generation)
+    return f"""\
+d={d}
+mkdir -p "$d"
+( set -C; echo "{int(rank)} {int(exit_code)}" > "$d/failure" ) 2>/dev/null || true
+cat "$d/failure"
+"""

@@ -1,0 +1,124 @@
+"""Build a job's Airflow tasks: `sky_job(...)` returns a TaskGroup usable inside any DAG.
+
+    provision (setup task) -> sync[n] -> setup_start[n] -> setup_follow[n] -> launch -> run_start[m]
+        -> run_follow[m] -> collect -> teardown (teardown task)
+
+`n` is every node of the cluster, `m` the task's num_nodes (head first). Every arrow is a barrier.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, TaskGroup
+
+from airflow_sky.operators import (
+    SkyCollectOperator,
+    SkyFollowOperator,
+    SkyLaunchOperator,
+    SkyProvisionOperator,
+    SkyStartOperator,
+    SkySyncOperator,
+    SkyTeardownOperator,
+)
+from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
+from airflow_sky.operators.sync import local_uploads
+from airflow_sky.spec import Task
+
+
+def sky_job(
+    task: Task | str | os.PathLike[str],
+    *,
+    cluster_name: str | None = None,
+    infra: str | None = None,
+    down: bool = True,
+    group_id: str | None = None,
+    conn_id: str | None = None,
+    env_overrides: dict[str, str] | None = None,
+) -> TaskGroup:
+    """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
+
+    :param task: a Task, or the path of a task YAML.
+    :param cluster_name: the cluster to launch or reuse; default: one per DAG run (`<dag>-<hash>`).
+    :param infra: `local` (default), `ssh/<pool>`, `aws/<region>`, `gcp/<region>`; default: the task's
+        `resources.infra`, else local.
+    :param down: tear the cluster down when the job ends (also when it fails).
+    :param group_id: the TaskGroup id; default: the task's name (or `sky_job`).
+    :param conn_id: the Airflow connection with the infra's credentials (not needed for local).
+    """
+    if not isinstance(task, Task):
+        task = Task.from_yaml(task, env_overrides=env_overrides)
+    elif env_overrides:
+        task = task.update_envs(env_overrides)
+    local_uploads(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
+    infra = infra or task.resources.infra or "local"
+    group_id = group_id or _group_id(task)
+    common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
+
+    with TaskGroup(group_id=group_id) as group:
+        provision = SkyProvisionOperator(
+            task_id="provision", cluster_name=cluster_name, infra=infra, down=down, **common
+        )
+        cluster = provision.output["handle"]  # type: ignore[index]  # a PlainXComArg of another XCom key
+        every_node = provision.output
+
+        def per_node(operator: type[Any], task_id: str, nodes: Any, **kwargs: Any) -> Any:
+            return operator.partial(
+                task_id=task_id,
+                cluster=cluster,
+                map_index_template=NODE_MAP_INDEX_TEMPLATE,
+                **common,
+                **kwargs,
+            ).expand(node=nodes)
+
+        sync = per_node(SkySyncOperator, "sync", every_node)
+        setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
+        setup_follow = per_node(SkyFollowOperator, "setup_follow", every_node, phase="setup")
+        launch = SkyLaunchOperator(task_id="launch", cluster=cluster, **common)
+        run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
+        run_follow = per_node(SkyFollowOperator, "run_follow", launch.output, phase="run")
+        collect = SkyCollectOperator(
+            task_id="collect", cluster=cluster, run_follow_task_id=f"{group_id}.run_follow", **common
+        )
+        teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
+
+        (
+            provision
+            >> sync
+            >> setup_start
+            >> setup_follow
+            >> launch
+            >> run_start
+            >> run_follow
+            >> collect
+            >> teardown
+        )
+        teardown.as_teardown(setups=provision)
+    return group
+
+
+def dag_from_yaml(
+    path: str | os.PathLike[str],
+    *,
+    dag_id: str | None = None,
+    cluster_name: str | None = None,
+    infra: str | None = None,
+    down: bool = True,
+    env_overrides: dict[str, str] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """A DAG holding one sky_job for the task YAML at `path` (DAG kwargs such as schedule pass through)."""
+    task = Task.from_yaml(path, env_overrides=env_overrides)
+    dag_kwargs.setdefault("schedule", None)
+    dag_kwargs.setdefault("catchup", False)
+    dag_kwargs.setdefault("tags", ["airflow-sky"])
+    with DAG(dag_id=dag_id or _group_id(task) or Path(path).stem, **dag_kwargs) as dag:
+        sky_job(task, cluster_name=cluster_name, infra=infra, down=down)
+    return dag
+
+
+def _group_id(task: Task) -> str:
+    name = task.name or "sky_job"
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

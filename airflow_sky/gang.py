@@ -1,0 +1,143 @@
+"""Following one rank of a phase while watching its siblings: gang semantics and fail-fast.
+
+Each rank's follow task streams its own node's log and, every few seconds, checks the other ranks of the
+phase. The first non-zero exit is recorded once on the head node; whoever sees it kills the remaining
+ranks (recorded as exit code 137), and every follower fails naming that rank and code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import time
+from collections.abc import Callable, Mapping
+
+from airflow_sky.errors import JobFailed, RemoteError
+from airflow_sky.logs import LineSplitter, node_prefix
+from airflow_sky.remote import jobs
+from airflow_sky.remote.client import NodeClient
+
+KILLED_EXIT_CODE = 137
+_MAX_UNREACHABLE_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowResult:
+    rank: int
+    exit_code: int
+    tail: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class GangFollower:
+    """Follows `rank` of the phase job `job_id` (one generation) on `clients` (rank -> connection)."""
+
+    job_id: str
+    generation: int
+    rank: int
+    clients: Mapping[int, NodeClient]
+    emit: Callable[[str], None]  # receives each log line, already prefixed with the node's identity
+    setup: bool = False
+    failed_status: str = "FAILED"
+    poll_interval_s: float = 0.5
+    sibling_interval_s: float = 2.0
+    on_failure: Callable[[int, int], None] | None = None  # (rank, code) of the recorded cause; idempotent
+
+    @property
+    def head(self) -> NodeClient:
+        return self.clients[min(self.clients)]
+
+    def run(self) -> FollowResult:
+        own = self.clients[self.rank]
+        prefix = node_prefix(self.rank, None, own.node.internal_ip, self.setup)
+
+        def emit(line: str) -> None:
+            self.emit(f"{prefix} {line}")
+
+        lines = LineSplitter(emit)
+        offset = 0
+        next_sibling_check = time.monotonic() + self.sibling_interval_s
+        unreachable_since: float | None = None
+        while True:
+            try:
+                poll = jobs.poll_job(own, self.job_id, self.generation, offset)
+                unreachable_since = None
+            except RemoteError:
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since > _MAX_UNREACHABLE_S:
+                    raise
+                own.close()
+                time.sleep(min(5.0, self.poll_interval_s * 4))
+                continue
+            if poll.pid is not None:
+                prefix = node_prefix(self.rank, poll.pid, own.node.internal_ip, self.setup)
+            lines.feed(poll.data)
+            offset = poll.next_offset
+            if poll.missing:
+                raise JobFailed(
+                    f"rank {self.rank}: job {self.job_id} (generation {self.generation}) does not exist on its node",
+                    status=self.failed_status,
+                    rank=self.rank,
+                )
+            if not poll.running and poll.caught_up:
+                lines.flush()
+                if poll.lost:
+                    raise JobFailed(
+                        f"rank {self.rank}: the job's processes disappeared without an exit code (node restarted?)",
+                        status=self.failed_status,
+                        rank=self.rank,
+                    )
+                code = int(poll.exit_code or 0)
+                if code == 0:
+                    return FollowResult(self.rank, 0, tuple(lines.tail))
+                self._fail(self.rank, code, tuple(lines.tail))
+            if time.monotonic() >= next_sibling_check:
+                self._check_siblings()
+                next_sibling_check = time.monotonic() + self.sibling_interval_s
+            if poll.caught_up:
+                time.sleep(self.poll_interval_s)
+
+    def _check_siblings(self) -> None:
+        for rank, client in self.clients.items():
+            if rank == self.rank:
+                continue
+            try:
+                state = jobs.poll_job(client, self.job_id, self.generation, 0, max_bytes=0)
+            except RemoteError:
+                continue  # an unreachable sibling is its own follower's to report
+            if state.exit_code not in (None, 0):
+                self._fail(rank, int(state.exit_code), ())
+
+    def _fail(self, rank: int, code: int, tail: tuple[str, ...]) -> None:
+        cause_rank, cause_code = jobs.record_failure(self.head, self.job_id, self.generation, rank, code)
+        self._kill_others(exclude=cause_rank)
+        if self.on_failure is not None:
+            self.on_failure(cause_rank, cause_code)
+        if cause_rank == self.rank:
+            message = f"rank {cause_rank} failed with exit code {cause_code}; killed the processes on the other nodes"
+            if tail:
+                message += "\nlast log lines:\n" + "\n".join(tail)
+            raise JobFailed(message, status=self.failed_status, rank=cause_rank, exit_code=cause_code)
+        raise JobFailed(
+            f"killed: rank {cause_rank} failed with exit code {cause_code}",
+            status=self.failed_status,
+            rank=cause_rank,
+            exit_code=KILLED_EXIT_CODE,
+        )
+
+    def _kill_others(self, exclude: int) -> None:
+        for rank, client in self.clients.items():
+            if rank == exclude:
+                continue
+            # A node we cannot reach has no process of ours left to stop.
+            with contextlib.suppress(RemoteError):
+                jobs.kill_job(
+                    client,
+                    self.job_id,
+                    self.generation,
+                    sig=signal.SIGKILL,
+                    grace_s=0.5,
+                    record_exit_code=KILLED_EXIT_CODE,
+                )

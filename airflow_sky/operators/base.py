@@ -1,0 +1,58 @@
+"""What every airflow-sky operator shares: the task spec, the infra, and the job handle from provision."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.log import mask_secret
+
+from airflow_sky.hooks.cluster import SkyClusterHook
+from airflow_sky.job import JobHandle
+from airflow_sky.spec import Task
+
+# Mapped per-node tasks show up in the UI as e.g. "rank 1 · 127.0.0.3".
+NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['internal_ip'] }}"
+
+
+class SkyBaseOperator(BaseOperator):
+    """Base of the phase operators. `cluster` is the provision task's XCom (a JobHandle as a dict)."""
+
+    ui_color = "#d6e9ff"
+    # `cluster` arrives as an XComArg: Airflow resolves XComArgs in template fields at run time.
+    template_fields: Sequence[str] = ("cluster",)
+
+    def __init__(
+        self,
+        *,
+        sky_task: Task,
+        cluster: dict[str, Any] | Any = None,
+        conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.sky_task = sky_task
+        self.cluster = cluster
+        self.conn_id = conn_id
+
+    def handle(self) -> JobHandle:
+        return JobHandle.from_dict(self.cluster)
+
+    def hook(self, handle: JobHandle) -> SkyClusterHook:
+        return SkyClusterHook(handle.cluster_name, handle.infra, self.conn_id)
+
+    def mask_secrets(self) -> None:
+        """Register the task's secrets with Airflow's masker before anything can log them."""
+        for key, value in self.sky_task.secrets.items():
+            if value:
+                mask_secret(value, name=key)
+
+    @property
+    def group_prefix(self) -> str:
+        """`group.` for a task inside sky_job's TaskGroup (used to find sibling tasks' XComs)."""
+        return self.task_id.rsplit(".", 1)[0] + "." if "." in self.task_id else ""
+
+
+def node_list(value: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(n) for n in value]

@@ -1,0 +1,29 @@
+"""Teardown: stop the cluster (down=True, the default) or keep it for the next job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_sky.operators.base import SkyBaseOperator
+
+
+class SkyTeardownOperator(SkyBaseOperator):
+    """Terminates every node of the cluster when `down` is true; runs even when the job failed."""
+
+    ui_color = "#ffcdd2"
+
+    def __init__(self, *, down: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.down = down
+
+    def execute(self, context: Any) -> None:
+        handle = self.handle()
+        if not self.down:
+            self.log.info(
+                "Keeping cluster %s (down=False); stop it with: airflow-sky down %s",
+                handle.cluster_name,
+                handle.cluster_name,
+            )
+            return
+        self.log.info("Tearing down cluster %s (%d nodes)", handle.cluster_name, len(handle.nodes))
+        self.hook(handle).terminate()

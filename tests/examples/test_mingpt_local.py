@@ -1,0 +1,78 @@
+"""The minGPT example trains for real: 2 torchrun processes (gloo, CPU), a snapshot, and a resume from it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+MAIN = Path(__file__).resolve().parents[2] / "examples" / "mingpt" / "main.py"
+# Tiny sizes: each run is a few seconds of training; most of the time is torchrun and `import torch`.
+TINY = {
+    "N_LAYER": "1",
+    "N_HEAD": "2",
+    "N_EMBD": "32",
+    "BLOCK_SIZE": "32",
+    "BATCH_SIZE": "16",
+    "LR": "0.01",
+    "LOG_EVERY": "10",
+    "SNAPSHOT_EVERY": "15",
+    "SEED": "7",
+}
+STEP_LINE = re.compile(r"^\[rank (\d)/(\d)\] step (\d+)/(\d+) loss ([0-9.]+) ", re.MULTILINE)
+
+
+def _torchrun(cwd: Path, max_steps: int, xcom: Path) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT_", "SNAPSHOT_"))}
+    env.update(TINY, MAX_STEPS=str(max_steps), OMP_NUM_THREADS="1", AIRFLOW_SKY_XCOM_DIR=str(xcom))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2"]
+    proc = subprocess.run(
+        [*cmd, str(MAIN)], cwd=cwd, env=env, capture_output=True, text=True, timeout=150, check=False
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def _rank0_steps(out: str) -> list[tuple[int, float]]:
+    return [(int(m[3]), float(m[5])) for m in STEP_LINE.finditer(out) if m[1] == "0"]
+
+
+def test_two_process_ddp_trains_snapshots_and_resumes_from_the_saved_step(tmp_path: Path) -> None:
+    first = _torchrun(tmp_path, max_steps=30, xcom=tmp_path / "xcom1")
+    assert "[rank 0/2] world_size=2 " in first and "[rank 1/2] world_size=2 " in first, first[-3000:]
+    steps = _rank0_steps(first)
+    assert [s for s, _ in steps] == [1, 10, 20, 30], first[-3000:]
+    assert steps[-1][1] < steps[0][1] - 0.5, f"loss did not fall: {steps}"
+    assert {int(m[1]) for m in STEP_LINE.finditer(first)} == {0, 1}  # both ranks report progress
+    snapshot = tmp_path / "gpt_snapshot.pt"  # the default SNAPSHOT_PATH is relative to the cwd
+    assert snapshot.is_file()
+    assert "resuming from snapshot" not in first
+    result = json.loads((tmp_path / "xcom1" / "return.json").read_text())
+    assert result["steps"] == 30 and result["world_size"] == 2
+    assert result["final_loss"] < result["first_loss"]
+    assert Path(result["snapshot"]) == snapshot.resolve()
+
+    second = _torchrun(tmp_path, max_steps=40, xcom=tmp_path / "xcom2")
+    assert "[rank 0/2] resuming from snapshot at step 30" in second, second[-3000:]
+    assert "[rank 1/2] resuming from snapshot at step 30" in second  # broadcast from rank 0
+    resumed = _rank0_steps(second)
+    assert [s for s, _ in resumed] == [31, 40], second[-3000:]
+    assert resumed[0][1] < steps[0][1] - 0.5  # continues from trained weights, not a fresh init
+    assert json.loads((tmp_path / "xcom2" / "return.json").read_text())["steps"] == 40
+
+
+def test_shipped_corpus_is_exactly_what_make_corpus_generates() -> None:
+    spec = importlib.util.spec_from_file_location("make_corpus", MAIN.parent / "make_corpus.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (MAIN.parent / "data" / "input.txt").read_text(encoding="utf-8") == module.corpus()
