@@ -37,6 +37,8 @@ def sky_job(
     group_id: str | None = None,
     conn_id: str | None = None,
     env_overrides: dict[str, str] | None = None,
+    setup: bool = True,
+    must_exist: bool = False,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
@@ -47,6 +49,8 @@ def sky_job(
     :param down: tear the cluster down when the job ends (also when it fails).
     :param group_id: the TaskGroup id; default: the task's name (or `sky_job`).
     :param conn_id: the Airflow connection with the infra's credentials (not needed for local).
+    :param setup: run the task's setup on every node (False: like `sky exec` / `sky launch --no-setup`).
+    :param must_exist: only use a cluster that is already up (never provision).
     """
     if not isinstance(task, Task):
         task = Task.from_yaml(task, env_overrides=env_overrides)
@@ -59,7 +63,12 @@ def sky_job(
 
     with TaskGroup(group_id=group_id) as group:
         provision = SkyProvisionOperator(
-            task_id="provision", cluster_name=cluster_name, infra=infra, down=down, **common
+            task_id="provision",
+            cluster_name=cluster_name,
+            infra=infra,
+            down=down,
+            must_exist=must_exist,
+            **common,
         )
         cluster = provision.output["handle"]  # type: ignore[index]  # a PlainXComArg of another XCom key
         every_node = provision.output
@@ -74,8 +83,6 @@ def sky_job(
             ).expand(node=nodes)
 
         sync = per_node(SkySyncOperator, "sync", every_node)
-        setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
-        setup_follow = per_node(SkyFollowOperator, "setup_follow", every_node, phase="setup")
         launch = SkyLaunchOperator(task_id="launch", cluster=cluster, **common)
         run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
         run_follow = per_node(SkyFollowOperator, "run_follow", launch.output, phase="run")
@@ -84,17 +91,13 @@ def sky_job(
         )
         teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
 
-        (
-            provision
-            >> sync
-            >> setup_start
-            >> setup_follow
-            >> launch
-            >> run_start
-            >> run_follow
-            >> collect
-            >> teardown
-        )
+        if setup:
+            setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
+            setup_follow = per_node(SkyFollowOperator, "setup_follow", every_node, phase="setup")
+            provision >> sync >> setup_start >> setup_follow >> launch
+        else:
+            provision >> sync >> launch
+        launch >> run_start >> run_follow >> collect >> teardown
         teardown.as_teardown(setups=provision)
     return group
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from typing import Any
 
-from airflow_sky.spec import SpecWarning, Task, parse_env_args
+from airflow_sky.cli.common import add_env_arguments, load_task
 
 
 def register(subparsers: Any) -> None:
@@ -18,16 +17,7 @@ def register(subparsers: Any) -> None:
         "An invalid task prints one error line on stderr and exits with status 2.",
     )
     parser.add_argument("file", metavar="FILE.yaml", help="the task YAML")
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set an env (or secret) value at launch; repeatable; overrides the YAML",
-    )
-    parser.add_argument(
-        "--env-file", metavar="FILE", help="dotenv file of KEY=VALUE lines; overrides --env and the YAML"
-    )
+    add_env_arguments(parser)
     parser.add_argument(
         "--show-secrets", action="store_true", help="print secret values instead of <redacted>"
     )
@@ -36,21 +26,6 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the task (SpecError propagates to the CLI's one-line error, exit 2) and print it."""
-    overrides = parse_env_args(args.env)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", SpecWarning)
-        task = Task.from_yaml(args.file, env_overrides=overrides, env_file=args.env_file)
-    for warning in caught:
-        if issubclass(warning.category, SpecWarning):
-            print(f"airflow-sky: warning: {warning.message}", file=sys.stderr)
-        else:
-            warnings.showwarning(
-                warning.message,
-                warning.category,
-                warning.filename,
-                warning.lineno,
-                warning.file,
-                warning.line,
-            )
+    task = load_task(args)
     sys.stdout.write(task.to_yaml(redact_secrets=not args.show_secrets))
     return 0

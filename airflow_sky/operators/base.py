@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.log import mask_secret
 
+from airflow_sky import events
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.job import JobHandle
 from airflow_sky.spec import Task
@@ -31,10 +32,30 @@ class SkyBaseOperator(BaseOperator):
         conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        callbacks = kwargs.pop("on_failure_callback", None) or []
+        callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+        super().__init__(on_failure_callback=[_publish_failure, *callbacks], **kwargs)
         self.sky_task = sky_task
         self.cluster = cluster
         self.conn_id = conn_id
+
+    @property
+    def step(self) -> str:
+        """The task's name inside its group (`run_follow`), as progress events report it."""
+        return self.task_id.rsplit(".", 1)[-1]
+
+    @property
+    def rank(self) -> int | None:
+        node = getattr(self, "node", None)
+        return int(node["rank"]) if isinstance(node, dict) and "rank" in node else None
+
+    def pre_execute(self, context: Any) -> None:
+        events.publish(events.Event("task_started", self.step, self.rank))
+        super().pre_execute(context)
+
+    def post_execute(self, context: Any, result: Any = None) -> None:
+        super().post_execute(context, result)
+        events.publish(events.Event("task_done", self.step, self.rank))
 
     def handle(self) -> JobHandle:
         return JobHandle.from_dict(self.cluster)
@@ -54,5 +75,11 @@ class SkyBaseOperator(BaseOperator):
         return self.task_id.rsplit(".", 1)[0] + "." if "." in self.task_id else ""
 
 
-def node_list(value: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(n) for n in value]
+def _publish_failure(context: Any) -> None:
+    """Tell in-process listeners (the CLI) why a task failed; the Airflow log has the traceback."""
+    task = context["task"]
+    error = context.get("exception")
+    step = task.task_id.rsplit(".", 1)[-1]
+    events.publish(
+        events.Event("task_failed", step, getattr(task, "rank", None), str(error) if error else "failed")
+    )

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from airflow_sky import events
 from airflow_sky.errors import JobFailed
-from airflow_sky.gang import GangFollower
+from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower
 from airflow_sky.job import JobHandle, Phase
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.remote import jobs, queue
@@ -94,7 +95,7 @@ class SkyFollowOperator(_PhaseOperator):
                 generation=handle.generation,
                 rank=rank,
                 clients=clients,
-                emit=self.log.info,
+                emit=self._emit,
                 setup=self.phase == "setup",
                 failed_status=self.failed_status.value,
                 on_failure=lambda r, c: self._record_failure(clients[nodes[0].rank], handle, r, c),
@@ -103,10 +104,17 @@ class SkyFollowOperator(_PhaseOperator):
                 follower.run()
             except JobFailed as e:
                 self.log.error("%s: %s", e.status, e)
+                code = e.exit_code if e.rank == rank or e.exit_code == KILLED_EXIT_CODE else None
+                events.publish(events.Event("exit", self.step, rank, str(e), exit_code=code))
                 raise
+            events.publish(events.Event("exit", self.step, rank, exit_code=0))
             if self.phase == "run":
                 return self._return_value(clients[rank], handle, rank)
         return None
+
+    def _emit(self, line: str) -> None:
+        self.log.info("%s", line)
+        events.publish(events.Event("log", self.step, int(self.node["rank"]), line))
 
     def _record_failure(self, head: Any, handle: JobHandle, rank: int, code: int) -> None:
         queue.update_record(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_sky import envs
+from airflow_sky import envs, events
 from airflow_sky.errors import ClusterError
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.job import JobHandle, sanitize_cluster_name
@@ -24,17 +24,25 @@ class SkyProvisionOperator(SkyBaseOperator):
     """Brings up `num_nodes` nodes (idempotent) and allocates the job id; returns the JobHandle as a dict.
 
     XComs: the return value is every node of the cluster (a list of dicts, head first: sync and setup map
-    over it); the key `handle` holds the JobHandle as a dict, which every other task of the job reads. A failure after nodes were created for this run tears them down
-    here, since a teardown does not run when its setup task failed.
+    over it); the key `handle` holds the JobHandle as a dict, which every other task of the job reads.
+    A failure after nodes were created for this run tears them down here, since a teardown does not run
+    when its setup task failed.
     """
 
     template_fields: Sequence[str] = ("cluster_name",)
     ui_color = "#c8e6c9"
 
     def __init__(
-        self, *, cluster_name: str | None = None, infra: str = "local", down: bool = True, **kwargs: Any
+        self,
+        *,
+        cluster_name: str | None = None,
+        infra: str = "local",
+        down: bool = True,
+        must_exist: bool = False,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self.must_exist = must_exist
         self.cluster_name = cluster_name
         self.infra = infra
         self.down = down
@@ -45,6 +53,10 @@ class SkyProvisionOperator(SkyBaseOperator):
         name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id))
         hook = SkyClusterHook(name, self.infra, self.conn_id)
         existed = bool(hook.nodes())
+        if self.must_exist and not existed:
+            raise ClusterError(
+                f"cluster {name!r} does not exist on {self.infra}; launch it first: airflow-sky launch -c {name} TASK.yaml"
+            )
         self.log.info(
             "%s cluster %s on %s (%d nodes)",
             "Reusing" if existed else "Launching",
@@ -66,6 +78,7 @@ class SkyProvisionOperator(SkyBaseOperator):
                 "node rank %d: %s (%s, %s)", node.rank, node.internal_ip, node.instance_id, node.status.value
             )
         context["ti"].xcom_push(key="handle", value=handle.to_dict())
+        events.publish(events.Event("job", self.step, data=handle.to_dict()))
         return [n.to_dict() for n in handle.nodes]
 
     def _register_job(self, hook: SkyClusterHook, nodes: list[Any], submit_key: str) -> JobHandle:

@@ -49,7 +49,7 @@ def read_config(vocab_size: int) -> tuple[GPTConfig, TrainConfig]:
         block_size=env_int("BLOCK_SIZE", 64),
         n_layer=env_int("N_LAYER", 2),
         n_head=env_int("N_HEAD", 4),
-        n_embd=env_int("N_EMBD", 96),
+        n_embd=env_int("N_EMBD", 128),
     )
     if model_cfg.n_embd % model_cfg.n_head:
         raise SystemExit(f"N_EMBD={model_cfg.n_embd} must be divisible by N_HEAD={model_cfg.n_head}")
