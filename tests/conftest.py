@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,14 +17,19 @@ from airflow_sky.local import daemon, layout
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
+_STATE = Path(tempfile.mkdtemp(prefix="airflow-sky-tests-"))
+os.environ[layout.ROOT_ENV] = str(_STATE / "local")
+os.environ["AIRFLOW_SKY_AIRFLOW_HOME"] = str(_STATE / "cli-airflow")
+os.environ.setdefault("AIRFLOW_HOME", str(REPO_ROOT / ".airflow_home" / "tests"))
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+
 
 @pytest.fixture(scope="session", autouse=True)
-def _private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    state = tmp_path_factory.mktemp("sky-state")
-    os.environ[layout.ROOT_ENV] = str(state / "local")
-    os.environ.setdefault("AIRFLOW_HOME", str(state / "airflow"))
+def _quiet_paramiko() -> Iterator[None]:
     logging.getLogger("paramiko").setLevel(logging.WARNING)
     yield
+    shutil.rmtree(_STATE, ignore_errors=True)
 
 
 @pytest.fixture
