@@ -15,6 +15,15 @@ _LAZY = {
     "JobRecovery": "airflow_sky.spec",
     "sky_job": "airflow_sky.dag",
     "dag_from_yaml": "airflow_sky.dag",
+    # The SDK, mirroring SkyPilot's sky.launch / sky.exec / ...
+    "launch": "airflow_sky.sdk",
+    "exec": "airflow_sky.sdk",
+    "tail_logs": "airflow_sky.sdk",
+    "job_status": "airflow_sky.sdk",
+    "queue": "airflow_sky.sdk",
+    "cancel": "airflow_sky.sdk",
+    "down": "airflow_sky.sdk",
+    "status": "airflow_sky.sdk",
 }
 
 __all__ = ["ClusterError", "JobFailed", "RemoteError", "SkyError", "SpecError", "__version__", *_LAZY]

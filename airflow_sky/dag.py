@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow.sdk import DAG, TaskGroup
 
+from airflow_sky.errors import SpecError
 from airflow_sky.operators import (
     SkyCollectOperator,
     SkyFollowOperator,
@@ -24,8 +25,9 @@ from airflow_sky.operators import (
     SkyTeardownOperator,
 )
 from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
-from airflow_sky.operators.sync import local_uploads
+from airflow_sky.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.spec import Task
+from airflow_sky.task_files import local_uploads
 
 
 def sky_job(
@@ -39,6 +41,8 @@ def sky_job(
     env_overrides: dict[str, str] | None = None,
     setup: bool = True,
     must_exist: bool = False,
+    follow_run: bool = True,
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
@@ -51,7 +55,13 @@ def sky_job(
     :param conn_id: the Airflow connection with the infra's credentials (not needed for local).
     :param setup: run the task's setup on every node (False: like `sky exec` / `sky launch --no-setup`).
     :param must_exist: only use a cluster that is already up (never provision).
+    :param follow_run: False ends the group once every rank's run started (`--detach-run`): no run_follow,
+        collect or teardown; the job keeps running on the kept cluster.
     """
+    if not follow_run and down:
+        raise SpecError(
+            "down=True needs follow_run=True: the cluster would be torn down under the running job"
+        )
     if not isinstance(task, Task):
         task = Task.from_yaml(task, env_overrides=env_overrides)
     elif env_overrides:
@@ -85,18 +95,22 @@ def sky_job(
         sync = per_node(SkySyncOperator, "sync", every_node)
         launch = SkyLaunchOperator(task_id="launch", cluster=cluster, **common)
         run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
-        run_follow = per_node(SkyFollowOperator, "run_follow", launch.output, phase="run")
-        collect = SkyCollectOperator(
-            task_id="collect", cluster=cluster, run_follow_task_id=f"{group_id}.run_follow", **common
-        )
-        teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
-
         if setup:
             setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
             setup_follow = per_node(SkyFollowOperator, "setup_follow", every_node, phase="setup")
             provision >> sync >> setup_start >> setup_follow >> launch
         else:
             provision >> sync >> launch
+        if not follow_run:
+            launch >> run_start
+            return group
+        run_follow = per_node(
+            SkyFollowOperator, "run_follow", launch.output, phase="run", max_recoveries=max_recoveries
+        )
+        collect = SkyCollectOperator(
+            task_id="collect", cluster=cluster, run_follow_task_id=f"{group_id}.run_follow", **common
+        )
+        teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
         launch >> run_start >> run_follow >> collect >> teardown
         teardown.as_teardown(setups=provision)
     return group

@@ -19,7 +19,8 @@ from typing import Any
 
 from airflow_sky import events
 from airflow_sky.errors import SkyError
-from airflow_sky.job import sanitize_cluster_name
+from airflow_sky.job import JobHandle, sanitize_cluster_name
+from airflow_sky.paths import sky_home
 from airflow_sky.spec import Task
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
@@ -32,6 +33,7 @@ class LaunchOptions:
     down: bool = True
     setup: bool = True  # False: `exec` and `launch --no-setup`
     must_exist: bool = False  # True: `exec` runs only on a cluster that is already up
+    follow: bool = True  # False: `--detach-run`, the launch returns once the run started
 
 
 @dataclasses.dataclass
@@ -44,21 +46,25 @@ class JobOutcome:
     step_times: dict[str, tuple[float, float | None]]  # step -> (first start, last end)
     exit_codes: dict[str, dict[int, int | None]]  # "setup"/"run" -> rank -> exit code
     failures: list[str]
+    handle: JobHandle | None = None
 
 
 def private_airflow_home() -> Path:
     configured = os.environ.get(AIRFLOW_HOME_ENV)
-    return Path(configured) if configured else Path.home() / ".airflow_sky" / "airflow"
+    return Path(configured) if configured else sky_home() / "airflow"
 
 
 def prepare_airflow() -> Path:
     """Point Airflow at the private home and migrate its DB on first use. Call before importing Airflow."""
     home = private_airflow_home()
+    if "airflow" in sys.modules and os.environ.get("AIRFLOW_HOME") != str(home):
+        # Airflow read its configuration already (the caller imported it): run in the caller's Airflow.
+        from airflow.configuration import AIRFLOW_HOME, conf
+
+        Path(conf.get("core", "dags_folder")).mkdir(parents=True, exist_ok=True)
+        return Path(AIRFLOW_HOME)
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
-    if "airflow" in sys.modules and os.environ.get("AIRFLOW_HOME") != str(home):
-        # Airflow read its configuration already; the in-process run uses the caller's AIRFLOW_HOME.
-        return Path(os.environ.get("AIRFLOW_HOME", str(Path.home() / "airflow")))
     os.environ["AIRFLOW_HOME"] = str(home)
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
@@ -83,11 +89,14 @@ def dag_id_for(cluster_name: str) -> str:
     return "sky_launch_" + cluster_name.replace("-", "_")
 
 
-def write_launch_files(task: Task, options: LaunchOptions, home: Path) -> Path:
+def write_launch_files(task: Task, options: LaunchOptions) -> Path:
     """The private DAG file and its spec (0600: it may hold secrets); returns the DAG file's path."""
+    from airflow.configuration import conf
+
     dag_id = dag_id_for(options.cluster_name)
-    spec_path = home / "dags" / f"{dag_id}.json"
-    dag_path = home / "dags" / f"{dag_id}.py"
+    dags = Path(conf.get("core", "dags_folder"))
+    spec_path = dags / f"{dag_id}.json"
+    dag_path = dags / f"{dag_id}.py"
     spec = {
         "task": task.to_dict(),
         "base_dir": task.base_dir,
@@ -122,6 +131,7 @@ def dag_from_spec_file(spec_path: str) -> Any:
             down=options.down,
             setup=options.setup,
             must_exist=options.must_exist,
+            follow_run=options.follow,
             group_id="job",
         )
     return dag
@@ -152,7 +162,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     home = prepare_airflow()
     cluster_name = sanitize_cluster_name(options.cluster_name)
     options = dataclasses.replace(options, cluster_name=cluster_name)
-    dag_path = write_launch_files(task, options, home)
+    dag_path = write_launch_files(task, options)
     log_dir = home / "logs" / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
@@ -179,6 +189,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
         step_times=recorder.step_times,
         exit_codes=recorder.exit_codes,
         failures=recorder.failures,
+        handle=recorder.handle,
     )
 
 
@@ -187,13 +198,15 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.job_id: int | None = None
+        self.handle: JobHandle | None = None
         self.step_times: dict[str, tuple[float, float | None]] = {}
         self.exit_codes: dict[str, dict[int, int | None]] = {"setup": {}, "run": {}}
         self.failures: list[str] = []
 
     def __call__(self, event: events.Event) -> None:
         if event.kind == "job":
-            self.job_id = int(event.data["job_id"])
+            self.handle = JobHandle.from_dict(event.data)
+            self.job_id = self.handle.job_id
         elif event.kind == "task_started":
             start, end = self.step_times.get(event.step, (event.at, None))
             self.step_times[event.step] = (min(start, event.at), end)

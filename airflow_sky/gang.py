@@ -1,8 +1,10 @@
-"""Following one rank of a phase while watching its siblings: gang semantics and fail-fast.
+"""Following one rank of a phase while watching its siblings: gang semantics, fail-fast, recovery triggers.
 
 Each rank's follow task streams its own node's log and, every few seconds, checks the other ranks of the
-phase. The first non-zero exit is recorded once on the head node; whoever sees it kills the remaining
-ranks (recorded as exit code 137), and every follower fails naming that rank and code.
+phase. A fault (a non-zero exit, a lost process, an unreachable node) is first triaged (see
+airflow_sky.recovery): when the job is to be relaunched, the follower raises Relaunch and the operator
+takes it from there. Otherwise the first failure is recorded once on the head node; whoever sees it kills
+the remaining ranks (recorded as exit code 137), and every follower fails naming that rank and code.
 """
 
 from __future__ import annotations
@@ -15,11 +17,27 @@ from collections.abc import Callable, Mapping
 
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.logs import LineSplitter, node_prefix
+from airflow_sky.recovery import Action, Decision
 from airflow_sky.remote import jobs
 from airflow_sky.remote.client import NodeClient
 
 KILLED_EXIT_CODE = 137
-_MAX_UNREACHABLE_S = 60.0
+CANCELLED_RANK = -1  # the "failing rank" `airflow-sky cancel` records, so followers report a cancellation
+_UNREACHABLE_GRACE_S = 5.0  # an unreachable node is triaged after this long (it may be a blip)
+_MAX_UNREACHABLE_S = 120.0  # ... and the follower gives up after this long if the infra says it is up
+
+# (rank, exit code or None for a lost process) -> the recovery decision, or None: a newer generation exists.
+Triage = Callable[[int, int | None], Decision | None]
+
+
+class Relaunch(Exception):
+    """The job is (to be) relaunched as a new generation; `decision` is None when that already happened."""
+
+    def __init__(self, decision: Decision | None, rank: int, exit_code: int | None) -> None:
+        super().__init__(decision.reason if decision else "a newer generation of the job exists")
+        self.decision = decision
+        self.rank = rank
+        self.exit_code = exit_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +61,7 @@ class GangFollower:
     poll_interval_s: float = 0.5
     sibling_interval_s: float = 2.0
     on_failure: Callable[[int, int], None] | None = None  # (rank, code) of the recorded cause; idempotent
+    triage: Triage | None = None  # None: every fault fails the phase (setup)
 
     @property
     def head(self) -> NodeClient:
@@ -66,8 +85,8 @@ class GangFollower:
             except RemoteError:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
-                if now - unreachable_since > _MAX_UNREACHABLE_S:
-                    raise
+                if now - unreachable_since > _UNREACHABLE_GRACE_S:
+                    self._triage(self.rank, None, fail_anyway=now - unreachable_since > _MAX_UNREACHABLE_S)
                 own.close()
                 time.sleep(min(5.0, self.poll_interval_s * 4))
                 continue
@@ -76,6 +95,7 @@ class GangFollower:
             lines.feed(poll.data)
             offset = poll.next_offset
             if poll.missing:
+                self._triage(self.rank, None, fail_anyway=False)
                 raise JobFailed(
                     f"rank {self.rank}: job {self.job_id} (generation {self.generation}) does not exist on its node",
                     status=self.failed_status,
@@ -84,6 +104,7 @@ class GangFollower:
             if not poll.running and poll.caught_up:
                 lines.flush()
                 if poll.lost:
+                    self._triage(self.rank, None, fail_anyway=False)
                     raise JobFailed(
                         f"rank {self.rank}: the job's processes disappeared without an exit code (node restarted?)",
                         status=self.failed_status,
@@ -99,6 +120,18 @@ class GangFollower:
             if poll.caught_up:
                 time.sleep(self.poll_interval_s)
 
+    def _triage(self, rank: int, code: int | None, fail_anyway: bool) -> None:
+        """Raise Relaunch when the fault leads to a relaunch; return when it is a plain failure."""
+        if self.triage is None:
+            if fail_anyway:
+                raise JobFailed(f"rank {rank}: node unreachable", status=self.failed_status, rank=rank)
+            return
+        decision = self.triage(rank, code)
+        if decision is None or decision.action is not Action.FAIL:
+            raise Relaunch(decision, rank, code)
+        if fail_anyway or code is None:
+            raise JobFailed(f"rank {rank}: {decision.reason}", status=self.failed_status, rank=rank)
+
     def _check_siblings(self) -> None:
         for rank, client in self.clients.items():
             if rank == self.rank:
@@ -106,13 +139,27 @@ class GangFollower:
             try:
                 state = jobs.poll_job(client, self.job_id, self.generation, 0, max_bytes=0)
             except RemoteError:
-                continue  # an unreachable sibling is its own follower's to report
+                if self.triage is not None:
+                    decision = self.triage(rank, None)
+                    if decision is None or decision.action is not Action.FAIL:
+                        raise Relaunch(decision, rank, None) from None
+                continue  # a blip, or the sibling's own follower will report it
+            if state.lost and self.triage is not None:
+                decision = self.triage(rank, None)
+                if decision is None or decision.action is not Action.FAIL:
+                    raise Relaunch(decision, rank, None)
             if state.exit_code not in (None, 0):
                 self._fail(rank, int(state.exit_code), ())
 
     def _fail(self, rank: int, code: int, tail: tuple[str, ...]) -> None:
+        if self.triage is not None:
+            self._triage(rank, code, fail_anyway=False)
         cause_rank, cause_code = jobs.record_failure(self.head, self.job_id, self.generation, rank, code)
         self._kill_others(exclude=cause_rank)
+        if cause_rank == CANCELLED_RANK:
+            raise JobFailed(
+                "cancelled (airflow-sky cancel)", status="CANCELLED", rank=self.rank, exit_code=cause_code
+            )
         if self.on_failure is not None:
             self.on_failure(cause_rank, cause_code)
         if cause_rank == self.rank:
@@ -128,16 +175,18 @@ class GangFollower:
         )
 
     def _kill_others(self, exclude: int) -> None:
-        for rank, client in self.clients.items():
-            if rank == exclude:
-                continue
-            # A node we cannot reach has no process of ours left to stop.
-            with contextlib.suppress(RemoteError):
-                jobs.kill_job(
-                    client,
-                    self.job_id,
-                    self.generation,
-                    sig=signal.SIGKILL,
-                    grace_s=0.5,
-                    record_exit_code=KILLED_EXIT_CODE,
-                )
+        kill_ranks(self.clients, self.job_id, self.generation, exclude=exclude)
+
+
+def kill_ranks(
+    clients: Mapping[int, NodeClient], job_id: str, generation: int, exclude: int | None = None
+) -> None:
+    """SIGKILL the job's process groups on every reachable node but `exclude`, recording exit code 137."""
+    for rank, client in clients.items():
+        if rank == exclude:
+            continue
+        # A node we cannot reach has no process of ours left to stop.
+        with contextlib.suppress(RemoteError):
+            jobs.kill_job(
+                client, job_id, generation, sig=signal.SIGKILL, grace_s=0.5, record_exit_code=KILLED_EXIT_CODE
+            )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from typing import Any, Literal
 
@@ -10,6 +11,21 @@ from airflow_sky.clouds.base import Node
 
 Phase = Literal["setup", "run"]
 PHASES: tuple[Phase, ...] = ("setup", "run")
+
+
+class JobStatus(enum.StrEnum):
+    INIT = "INIT"
+    PENDING = "PENDING"
+    SETTING_UP = "SETTING_UP"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    FAILED_SETUP = "FAILED_SETUP"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.FAILED_SETUP, JobStatus.CANCELLED)
 
 
 @dataclasses.dataclass(frozen=True)

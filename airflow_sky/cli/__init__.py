@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from airflow_sky.errors import SkyError
 
 # module name -> each module defines `register(subparsers)`; the handler it sets returns an exit code.
-_SUBCOMMAND_MODULES = ("check", "launch", "local")
+_SUBCOMMAND_MODULES = ("check", "launch", "jobs", "local")
 
 EXIT_USAGE = 2
 

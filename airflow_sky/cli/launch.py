@@ -6,6 +6,7 @@ import argparse
 import getpass
 import os
 import secrets
+import signal
 import sys
 import time
 from typing import Any
@@ -14,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from airflow_sky.cli.common import add_env_arguments, load_task
-from airflow_sky.errors import ClusterError, SpecError
+from airflow_sky.engine import LaunchOptions
+from airflow_sky.errors import SpecError
 from airflow_sky.spec import Task
 
 
@@ -34,6 +36,7 @@ def register(subparsers: Any) -> None:
     launch.set_defaults(down=False)
     launch.add_argument("--no-setup", action="store_true", help="skip the setup section")
     launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    launch.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
     launch.set_defaults(handler=_launch)
 
     exec_ = subparsers.add_parser(
@@ -42,6 +45,7 @@ def register(subparsers: Any) -> None:
     exec_.add_argument("cluster", help="an existing cluster")
     exec_.add_argument("file", metavar="FILE.yaml", help="the task YAML")
     _add_task_overrides(exec_)
+    exec_.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
     exec_.set_defaults(handler=_exec)
 
     status = subparsers.add_parser("status", help="show clusters and their nodes")
@@ -51,7 +55,6 @@ def register(subparsers: Any) -> None:
 
     down_cmd = subparsers.add_parser("down", help="tear a cluster down")
     down_cmd.add_argument("clusters", nargs="+", help="cluster names")
-    down_cmd.add_argument("--infra", default="local", help="the clusters' infra (default: local)")
     down_cmd.set_defaults(handler=_down)
 
 
@@ -79,35 +82,84 @@ def _infra(args: argparse.Namespace, task: Task) -> str:
     return str(args.infra or task.resources.infra or "local")
 
 
-def _run(
-    args: argparse.Namespace, task: Task, cluster: str, infra: str, down: bool, setup: bool, must_exist: bool
-) -> int:
+def _run(task: Task, options: Any) -> int:
+    """Run the launch in this process, printing progress; Ctrl-C detaches (the job keeps running)."""
+    from airflow_sky import sdk
     from airflow_sky.cli.progress import ProgressPrinter, print_summary
-    from airflow_sky.engine import LaunchOptions, prepare_airflow
 
     # A handle on the real stdout: while the DAG runs, fd 1 goes to the launch's Airflow log file.
     console = Console(
         file=os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1), highlight=False, soft_wrap=True
     )
-    prepare_airflow()  # before anything imports Airflow
-    from airflow_sky.engine import run_job
-
     started_at = time.time()
     printer = ProgressPrinter(console)
+    job: dict[str, Any] = {}
+    main_pid = os.getpid()
+
+    def detach(signum: int, frame: Any) -> None:
+        # Detach hard: the job runs detached on its nodes; unwinding through Airflow's task runner would
+        # fail the task and run teardown, which is exactly what Ctrl-C must not do. The handler may
+        # interrupt a console write, so it writes to the raw fd and always ends in os._exit.
+        try:
+            if os.getpid() == main_pid:
+                _stop_helpers()
+                show_cursor = "\x1b[?25h" if console.is_terminal else ""  # the live status hid it
+                os.write(
+                    console.file.fileno(), (show_cursor + _detach_message(job, options.cluster_name)).encode()
+                )
+        finally:
+            os._exit(130)
+
+    def listener(event: Any) -> None:
+        if event.kind == "job":
+            job.update(event.data)
+        printer(event)
+
+    previous = signal.signal(signal.SIGINT, detach)
     try:
-        outcome = run_job(
-            task,
-            LaunchOptions(cluster_name=cluster, infra=infra, down=down, setup=setup, must_exist=must_exist),
-            listener=printer,
-        )
+        outcome = sdk.run(task, options, listener)
     finally:
+        signal.signal(signal.SIGINT, previous)
         printer.close()
+    if not options.follow and outcome.job_id is not None:
+        console.print(
+            f"Job {outcome.job_id} started on {outcome.cluster_name}. Follow it: airflow-sky logs "
+            f"{outcome.cluster_name} {outcome.job_id}; status: airflow-sky logs --status {outcome.cluster_name} {outcome.job_id}"
+        )
+        return 0 if outcome.state == "success" else 1
     print_summary(console, outcome, started_at)
-    if not down and outcome.job_id is not None:
+    if not options.down and outcome.job_id is not None:
         console.print(
             f"Cluster {outcome.cluster_name} is kept. Stop it with: airflow-sky down {outcome.cluster_name}"
         )
     return 0 if outcome.succeeded else 1
+
+
+def _detach_message(job: dict[str, Any], default_cluster: str) -> str:
+    cluster = job.get("cluster_name", default_cluster)
+    job_id = job.get("job_id")
+    if job_id is None:
+        return f"\nInterrupted before the job started on {cluster}.\n"
+    return (
+        f"\nDetached from the logs; job {job_id} keeps running on {cluster} (the cluster is kept).\n"
+        f"  Reattach: airflow-sky logs {cluster} {job_id}\n"
+        f"  Stop it:  airflow-sky cancel {cluster} {job_id}\n"
+        f"  Status:   airflow-sky queue {cluster}\n"
+    )
+
+
+def _stop_helpers() -> None:
+    """Kill the processes this launch forked (Airflow helpers, ssh, rsync), sparing local nodes and jobs."""
+    import psutil
+
+    from airflow_sky.local.layout import NODE_MARKER_ENV
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if NODE_MARKER_ENV not in child.environ():
+                child.kill()
+        except psutil.Error:
+            continue
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -121,48 +173,64 @@ def _launch(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("", "y", "yes"):
             print("Aborted.")
             return 1
-    return _run(args, task, cluster, infra, down=args.down, setup=not args.no_setup, must_exist=False)
+    if args.detach_run and args.down:
+        raise SpecError(
+            "--down cannot be combined with --detach-run: the cluster would go down under the running job"
+        )
+    return _run(
+        task,
+        LaunchOptions(
+            cluster_name=cluster,
+            infra=infra,
+            down=args.down,
+            setup=not args.no_setup,
+            follow=not args.detach_run,
+        ),
+    )
 
 
 def _exec(args: argparse.Namespace) -> int:
     task = _task_with_overrides(args)
-    return _run(args, task, args.cluster, _infra(args, task), down=False, setup=False, must_exist=True)
+    from airflow_sky.sdk import infra_of
+
+    infra = args.infra or infra_of(args.cluster, task.resources.infra)
+    return _run(
+        task,
+        LaunchOptions(
+            cluster_name=args.cluster,
+            infra=infra,
+            down=False,
+            setup=False,
+            must_exist=True,
+            follow=not args.detach_run,
+        ),
+    )
 
 
 def _status(args: argparse.Namespace) -> int:
-    from airflow_sky.clouds.registry import get_cloud
+    from airflow_sky import sdk
 
-    cloud = get_cloud(args.infra)
-    names = args.clusters or list(cloud.clusters())
-    console = Console(highlight=False)
-    if not names:
+    clusters = sdk.status(args.clusters or None, infra=args.infra)
+    console = Console(highlight=False, soft_wrap=True)
+    if not clusters:
         console.print(f"No clusters on {args.infra}.")
         return 0
     table = Table(title=f"Clusters ({args.infra})")
     for column in ("cluster", "nodes", "head ip", "status"):
         table.add_column(column)
-    for name in names:
-        nodes = cloud.nodes(name)
-        if not nodes:
-            table.add_row(name, "0", "-", "NOT FOUND")
-            continue
-        states = sorted({n.status.value for n in nodes})
+    for cluster in clusters:
+        nodes = cluster["nodes"]
         table.add_row(
-            name, str(len(nodes)), nodes[0].internal_ip, "UP" if states == ["RUNNING"] else ",".join(states)
+            cluster["name"], str(len(nodes)), nodes[0]["internal_ip"] if nodes else "-", cluster["status"]
         )
     console.print(table)
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    from airflow_sky.clouds.registry import get_cloud
+    from airflow_sky import sdk
 
-    cloud = get_cloud(args.infra)
-    known = set(cloud.clusters())
-    missing = [name for name in args.clusters if name not in known]
-    if missing:
-        raise ClusterError(f"cluster(s) not found on {args.infra}: {', '.join(missing)}")
     for name in args.clusters:
-        cloud.terminate(name)
+        sdk.down(name)
         print(f"Cluster {name} terminated.")
     return 0

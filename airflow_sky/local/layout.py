@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from airflow_sky.paths import sky_home
+
 ROOT_ENV = "AIRFLOW_SKY_LOCAL_ROOT"
 # Set in the environment of every process of a node, so that teardown finds all of them (like a cgroup).
 NODE_MARKER_ENV = "AIRFLOW_SKY_LOCAL_NODE"
@@ -39,7 +41,7 @@ STATE_TERMINATED = "terminated"
 
 def root() -> Path:
     configured = os.environ.get(ROOT_ENV)
-    return Path(configured) if configured else Path.home() / ".airflow_sky" / "local"
+    return Path(configured) if configured else sky_home() / "local"
 
 
 def cluster_dir(cluster_name: str) -> Path:

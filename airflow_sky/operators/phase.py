@@ -7,16 +7,23 @@ has not started.
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from typing import Any
 
 from airflow_sky import events
 from airflow_sky.errors import JobFailed
-from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower
+from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower, Relaunch
 from airflow_sky.job import JobHandle, Phase
 from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.recovery import DEFAULT_MAX_RECOVERIES, Decision, RecoveryState, decide
+from airflow_sky.relaunch import RECOVERY_COUNT_ENV, current_nodes, relaunch, unhealthy_ranks
 from airflow_sky.remote import jobs, queue
 from airflow_sky.remote.shell import JOBS_DIR
+
+RECOVERY_XCOM_KEY = "recovery"  # pushed by the leading run follow task: the job's latest generation
+_WAIT_FOR_LEADER_S = 1800.0
 
 
 class _PhaseOperator(SkyBaseOperator):
@@ -53,12 +60,14 @@ class SkyStartOperator(_PhaseOperator):
             self.log.info("The task has no %s section; nothing to start on rank %d", self.phase, rank)
             return {"rank": rank, "pid": None, "started": False}
         hook = self.hook(handle)
-        node_env = hook.phase_env(self.sky_task, handle, self.phase, rank)
+        env = hook.phase_env(self.sky_task, handle, self.phase, rank).env
+        if self.phase == "run":
+            env[RECOVERY_COUNT_ENV] = str(handle.generation)
         with hook.client(handle.node(rank)) as client:
             if self.phase == "setup" and rank == handle.nodes[0].rank:
                 queue.update_record(client, handle.job_id, status=queue.JobStatus.SETTING_UP)
             start = jobs.start_job(
-                client, handle.remote_job_id(self.phase), self.script, node_env.env, handle.generation
+                client, handle.remote_job_id(self.phase), self.script, env, handle.generation
             )
         self.log.info(
             "%s %s on rank %d (pid %s)",
@@ -74,11 +83,19 @@ class SkyFollowOperator(_PhaseOperator):
     """Streams one node's log into the task log and ends with the node's exit code.
 
     Also watches the other nodes of the phase: when one fails, the rest are killed (exit code 137) and every
-    follow task fails naming the rank and exit code that caused it. The run phase's follow task returns the
-    JSON the job wrote to $AIRFLOW_SKY_XCOM_DIR/return.json on its node (None when absent).
+    follow task fails naming the rank and exit code that caused it. In the run phase, a lost node (or an
+    exit code the task's job_recovery allows) relaunches the job instead: the head rank's follow task leads
+    (airflow_sky.relaunch), the others follow the new generation. Returns the JSON the job wrote to
+    $AIRFLOW_SKY_XCOM_DIR/return.json on its node (None when absent) in the run phase.
+
+    :param max_recoveries: relaunches allowed for lost nodes and recover_on_exit_codes (default 3).
     """
 
     ui_color = "#b3e5fc"
+
+    def __init__(self, *, max_recoveries: int = DEFAULT_MAX_RECOVERIES, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.max_recoveries = max_recoveries
 
     def execute(self, context: Any) -> Any:
         self.mask_secrets()
@@ -87,30 +104,100 @@ class SkyFollowOperator(_PhaseOperator):
         if self.script is None:
             return None
         hook = self.hook(handle)
-        nodes = handle.phase_nodes(self.phase)
-        job_id = handle.remote_job_id(self.phase)
-        with hook.clients(nodes) as clients:
-            follower = GangFollower(
-                job_id=job_id,
-                generation=handle.generation,
-                rank=rank,
-                clients=clients,
-                emit=self._emit,
-                setup=self.phase == "setup",
-                failed_status=self.failed_status.value,
-                on_failure=lambda r, c: self._record_failure(clients[nodes[0].rank], handle, r, c),
-            )
-            try:
-                follower.run()
-            except JobFailed as e:
-                self.log.error("%s: %s", e.status, e)
-                code = e.exit_code if e.rank == rank or e.exit_code == KILLED_EXIT_CODE else None
-                events.publish(events.Event("exit", self.step, rank, str(e), exit_code=code))
-                raise
-            events.publish(events.Event("exit", self.step, rank, exit_code=0))
-            if self.phase == "run":
-                return self._return_value(clients[rank], handle, rank)
-        return None
+        state = self._announced_state(context, handle)
+        while True:
+            nodes = [
+                n
+                for n in current_nodes(handle, state)
+                if n in handle.phase_nodes(self.phase) or self.phase == "run"
+            ]
+            nodes = [n for n in nodes if n.rank in {p.rank for p in handle.phase_nodes(self.phase)}]
+            self._following = (hook, nodes, state.generation)
+            with hook.clients(nodes) as clients:
+                follower = GangFollower(
+                    job_id=handle.remote_job_id(self.phase),
+                    generation=state.generation,
+                    rank=rank,
+                    clients=clients,
+                    emit=self._emit,
+                    setup=self.phase == "setup",
+                    failed_status=self.failed_status.value,
+                    on_failure=functools.partial(self._record_failure, clients[nodes[0].rank], handle),
+                    triage=self._triage(context, hook, handle, state, nodes) if self.phase == "run" else None,
+                )
+                try:
+                    follower.run()
+                except Relaunch as relaunching:
+                    state = self._next_generation(context, hook, handle, state, relaunching)
+                    continue
+                except JobFailed as e:
+                    self.log.error("%s: %s", e.status, e)
+                    code = e.exit_code if e.rank == rank or e.exit_code == KILLED_EXIT_CODE else None
+                    events.publish(events.Event("exit", self.step, rank, str(e), exit_code=code))
+                    raise
+                events.publish(events.Event("exit", self.step, rank, exit_code=0))
+                if self.phase == "run":
+                    return self._return_value(clients[rank], handle, rank)
+            return None
+
+    def on_kill(self) -> None:
+        """The task was killed (or its run marked failed): stop this rank's processes on its node."""
+        following = getattr(self, "_following", None)
+        if following is None:
+            return
+        hook, nodes, generation = following
+        rank = int(self.node["rank"])
+        node = next((n for n in nodes if n.rank == rank), None)
+        if node is None:
+            return
+        self.log.info("Killing rank %d's processes on %s", rank, node.internal_ip)
+        with hook.client(node) as client:
+            jobs.kill_job(client, self.handle().remote_job_id(self.phase), generation, grace_s=5.0)
+
+    # ---- recovery ----------------------------------------------------------------------------------
+
+    def _is_leader(self, handle: JobHandle) -> bool:
+        return int(self.node["rank"]) == handle.run_nodes[0].rank
+
+    def _announced_state(self, context: Any, handle: JobHandle) -> RecoveryState:
+        """The latest generation the leader announced (none yet: the provisioned one)."""
+        if self.phase != "run":
+            return RecoveryState(generation=handle.generation)
+        announced = context["ti"].xcom_pull(task_ids=self.task_id, map_indexes=0, key=RECOVERY_XCOM_KEY)
+        state = RecoveryState.from_dict(announced)
+        return state if state.generation >= handle.generation else RecoveryState(generation=handle.generation)
+
+    def _triage(
+        self, context: Any, hook: Any, handle: JobHandle, state: RecoveryState, nodes: list[Any]
+    ) -> Any:
+        def triage(rank: int, code: int | None) -> Decision | None:
+            if self._announced_state(context, handle).generation > state.generation:
+                return None  # the leader relaunched already: follow the new generation
+            bad = unhealthy_ranks(hook, nodes)
+            return decide(bad, code, self.sky_task.job_recovery, state, self.max_recoveries)
+
+        return triage
+
+    def _next_generation(
+        self, context: Any, hook: Any, handle: JobHandle, state: RecoveryState, relaunching: Relaunch
+    ) -> RecoveryState:
+        if relaunching.decision is not None and self._is_leader(handle):
+            new_state = relaunch(hook, self.sky_task, handle, state, relaunching.decision, self._emit)
+            context["ti"].xcom_push(key=RECOVERY_XCOM_KEY, value=new_state.to_dict())
+            return new_state
+        self.log.info("Waiting for the head rank's task to relaunch the job (%s)", relaunching)
+        deadline = time.monotonic() + _WAIT_FOR_LEADER_S
+        while time.monotonic() < deadline:
+            announced = self._announced_state(context, handle)
+            if announced.generation > state.generation:
+                return announced
+            time.sleep(2.0)
+        raise JobFailed(
+            f"rank {self.node['rank']}: no relaunch after {_WAIT_FOR_LEADER_S:.0f}s ({relaunching})",
+            status=self.failed_status.value,
+        )
+
+    # ---- output ------------------------------------------------------------------------------------
 
     def _emit(self, line: str) -> None:
         self.log.info("%s", line)

@@ -92,6 +92,8 @@ class SkyProvisionOperator(SkyBaseOperator):
                     "submitted_at": submitted_at.isoformat(),
                     "submit_key": submit_key,
                     "num_nodes": self.sky_task.num_nodes,
+                    "cluster_name": hook.cluster_name,
+                    "infra": self.infra,
                 },
             )
             if not created:  # a retried provision: same job, same SKYPILOT_TASK_ID

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import select
 import shlex
 import socket
@@ -17,6 +18,9 @@ from airflow.providers.ssh.hooks.ssh import SSHHook
 
 from airflow_sky.clouds.base import Node
 from airflow_sky.errors import RemoteError
+
+# paramiko logs every connect and SFTP session at INFO: noise in task logs and the CLI.
+logging.getLogger("paramiko").setLevel(logging.WARNING)
 
 _HOST_KEY_TYPES: dict[str, type[paramiko.PKey]] = {
     "ssh-ed25519": paramiko.Ed25519Key,
@@ -81,6 +85,8 @@ class NodeClient:
         self.key_file = key_file
         self._hook = NodeSSHHook(node, key_file, conn_timeout, conn_retry_attempts)
         self._lock = threading.Lock()
+        # One SFTP channel serves every thread; paramiko's SFTP client is not safe for concurrent requests.
+        self._sftp_lock = threading.RLock()
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
 
@@ -178,25 +184,33 @@ class NodeClient:
 
     def put(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
         """Upload one file (streamed in blocks); relative remote paths are under the node's home."""
-        self.sftp.put(str(local_path), remote_path)
-        if mode is not None:
-            self.sftp.chmod(remote_path, mode)
+        with self._sftp_lock:
+            self.sftp.put(str(local_path), remote_path)
+            if mode is not None:
+                self.sftp.chmod(remote_path, mode)
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
         """Download one file (streamed in blocks)."""
-        self.sftp.get(remote_path, str(local_path))
+        with self._sftp_lock:
+            self.sftp.get(remote_path, str(local_path))
 
     def read_file(self, remote_path: str) -> bytes | None:
         """A small remote file's content, or None when it does not exist."""
-        try:
-            with self.sftp.open(remote_path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        with self._sftp_lock:
+            try:
+                with self.sftp.open(remote_path, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+
+    def rename(self, source: str, destination: str) -> None:
+        """Atomic rename over an existing file (POSIX rename)."""
+        with self._sftp_lock:
+            self.sftp.posix_rename(source, destination)
 
     @contextlib.contextmanager
     def open_remote(self, remote_path: str, mode: str = "rb") -> Iterator[paramiko.SFTPFile]:
-        with self.sftp.open(remote_path, mode) as f:
+        with self._sftp_lock, self.sftp.open(remote_path, mode) as f:
             yield f
 
 

@@ -13,24 +13,10 @@ import time
 from typing import Any
 
 from airflow_sky.errors import RemoteError
+from airflow_sky.job import JobStatus
 from airflow_sky.remote.client import NodeClient
 
 QUEUE_DIR = ".airflow_sky/queue"
-
-
-class JobStatus(enum.StrEnum):
-    INIT = "INIT"
-    PENDING = "PENDING"
-    SETTING_UP = "SETTING_UP"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    FAILED_SETUP = "FAILED_SETUP"
-    CANCELLED = "CANCELLED"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.FAILED_SETUP, JobStatus.CANCELLED)
 
 
 def allocate_command(submit_key: str) -> str:
@@ -73,7 +59,7 @@ def write_record(head: NodeClient, job_id: int, record: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
     with head.open_remote(tmp, "wb") as f:
         f.write(json.dumps(record, sort_keys=True).encode())  # one line: list_records reads lines
-    head.sftp.posix_rename(tmp, path)
+    head.rename(tmp, path)
 
 
 def read_record(head: NodeClient, job_id: int) -> dict[str, Any] | None:

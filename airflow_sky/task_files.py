@@ -1,0 +1,66 @@
+"""Getting a task's files onto a node: the workdir (to ~/sky_workdir) and local file_mounts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+import shlex
+import time
+from collections.abc import Callable
+
+from airflow_sky.errors import SpecError
+from airflow_sky.remote.client import NodeClient
+from airflow_sky.remote.shell import WORKDIR
+from airflow_sky.remote.sync import sync_dir
+from airflow_sky.spec import StorageMount, Task, is_bucket_uri
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadResult:
+    files_sent: int
+    method: str
+
+
+def local_uploads(task: Task) -> list[tuple[str, str]]:
+    """(local source, remote destination) pairs: the workdir first, then local file_mounts."""
+    uploads: list[tuple[str, str]] = []
+    if task.resolved_workdir is not None:
+        uploads.append((task.resolved_workdir, f"~/{WORKDIR}"))
+    for dst, src in task.file_mounts.items():
+        if isinstance(src, StorageMount) or is_bucket_uri(src):
+            raise SpecError(
+                f"file_mounts.{dst}: bucket and storage mounts are not supported yet; use a local path"
+            )
+        uploads.append((task.resolve_local_path(src), dst))
+    return uploads
+
+
+def upload_task_files(client: NodeClient, task: Task, log: Callable[[str], None]) -> UploadResult:
+    """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing)."""
+    sent, method = 0, "none"
+    for source, destination in local_uploads(task):
+        started = time.monotonic()
+        if os.path.isdir(source):
+            result = sync_dir(client, source, destination)
+            sent += len(result.files_sent)
+            method = result.method
+        elif os.path.isfile(source):
+            _put_file(client, source, destination)
+            sent += 1
+            method = "sftp"
+        else:
+            raise SpecError(f"file_mounts: local path {source} does not exist")
+        log(
+            f"synced {source} -> {destination} on rank {client.node.rank} "
+            f"({method}, {sent} files sent, {time.monotonic() - started:.1f}s)"
+        )
+    return UploadResult(sent, method)
+
+
+def _put_file(client: NodeClient, source: str, destination: str) -> None:
+    remote = destination[2:] if destination.startswith("~/") else destination
+    parent = posixpath.dirname(remote)
+    if parent:
+        client.exec(f"mkdir -p {shlex.quote(parent)}", timeout=60)
+    client.put(source, remote)

@@ -1,0 +1,198 @@
+"""Jobs on a kept cluster, as a SkyPilot user drives them: queue, logs, cancel, detach, ssh, and the SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_sky.local import daemon
+
+CLI = [sys.executable, "-m", "airflow_sky.cli"]
+CLUSTER = "jobs-kept"
+
+HELLO = """\
+name: hello
+num_nodes: 3
+setup: echo "setup on $SKYPILOT_SETUP_NODE_RANK"
+run: echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES"
+"""
+TWO_NODES = """\
+name: two
+num_nodes: 2
+run: |
+  echo "nodes=$SKYPILOT_NUM_NODES"
+  echo "ips=$(echo "$SKYPILOT_NODE_IPS" | tr '\\n' ' ')"
+"""
+FAILS = """\
+name: fails
+run: exit 7
+"""
+SLEEPER = """\
+name: sleeper
+num_nodes: 3
+run: |
+  echo "sleeping on $SKYPILOT_NODE_RANK"
+  sleep 3600
+"""
+SHORT = """\
+name: short
+num_nodes: 2
+run: |
+  echo "started on $SKYPILOT_NODE_RANK"
+  sleep 20
+  echo "finished on $SKYPILOT_NODE_RANK"
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("sky-home")
+    result = dict(os.environ)
+    result.pop("AIRFLOW_HOME", None)
+    result.pop("AIRFLOW_SKY_AIRFLOW_HOME", None)
+    result["AIRFLOW_SKY_HOME"] = str(home)
+    result["AIRFLOW_SKY_SSH_CONFIG"] = str(home / "ssh_config")
+    return result
+
+
+@pytest.fixture(scope="module")
+def yamls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("yamls")
+    for name, text in {
+        "hello": HELLO,
+        "two": TWO_NODES,
+        "fails": FAILS,
+        "sleeper": SLEEPER,
+        "short": SHORT,
+    }.items():
+        (folder / f"{name}.yaml").write_text(text)
+    return folder
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def kept_cluster(env: dict[str, str], yamls: Path) -> Iterator[str]:
+    launched = cli(env, "launch", "-c", CLUSTER, str(yamls / "hello.yaml"), "-y")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    yield CLUSTER
+    cli(env, "down", CLUSTER)
+    assert daemon.processes_with_marker(CLUSTER) == []
+
+
+def test_exec_jobs_get_increasing_ids_and_statuses_match_exit_codes(env, yamls, kept_cluster):
+    two = cli(env, "exec", kept_cluster, str(yamls / "two.yaml"))
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert "nodes=2" in two.stdout
+    ips = next(line for line in two.stdout.splitlines() if "ips=" in line).split("ips=")[1].split()
+    assert len(ips) == 2 and len(set(ips)) == 2
+    fails = cli(env, "exec", kept_cluster, str(yamls / "fails.yaml"))
+    assert fails.returncode == 1
+    queue = cli(env, "queue", kept_cluster)
+    assert queue.returncode == 0
+    rows = {line.split()[1]: line for line in queue.stdout.splitlines() if line.startswith("│")}
+    assert "SUCCEEDED" in rows["1"] and "hello" in rows["1"]
+    assert "SUCCEEDED" in rows["2"] and "two" in rows["2"]
+    assert "FAILED" in rows["3"] and "fails" in rows["3"]
+    assert cli(env, "logs", "--status", kept_cluster, "2").returncode == 0
+    status3 = cli(env, "logs", "--status", kept_cluster, "3")
+    assert status3.returncode == 1 and "FAILED" in status3.stdout
+    logs = cli(env, "logs", kept_cluster, "1", "--no-follow")
+    assert "rank 2 of 3" in logs.stdout and "(setup worker2, rank=2" in logs.stdout
+
+
+def test_cancel_of_a_sleeping_job_leaves_no_process_on_any_node(env, yamls, kept_cluster):
+    started = cli(env, "exec", kept_cluster, str(yamls / "sleeper.yaml"), "--detach-run")
+    assert started.returncode == 0, started.stdout + started.stderr
+    job_id = started.stdout.split("Job ", 1)[1].split()[0]
+    assert len([p for p in daemon.processes_with_marker(kept_cluster) if p.name() == "sleep"]) == 3
+    cancelled = cli(env, "cancel", kept_cluster, job_id)
+    assert cancelled.returncode == 0 and f"Cancelled job(s) {job_id}" in cancelled.stdout
+    assert [
+        p for p in daemon.processes_with_marker(kept_cluster) if p.is_running() and p.name() == "sleep"
+    ] == []
+    assert "CANCELLED" in cli(env, "logs", "--status", kept_cluster, job_id).stdout
+
+
+def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluster):
+    proc = subprocess.Popen(
+        [*CLI, "exec", kept_cluster, str(yamls / "short.yaml")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "started on 0" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    output = "".join(seen) + rest
+    assert proc.returncode == 130, output
+    assert "Detached from the logs" in output and f"airflow-sky logs {kept_cluster}" in output
+    job_id = output.split("Detached from the logs; job ", 1)[1].split()[0]
+    status = cli(env, "logs", "--status", kept_cluster, job_id)
+    assert "RUNNING" in status.stdout, status.stdout + status.stderr
+    reattached = cli(env, "logs", kept_cluster, job_id)
+    assert reattached.returncode == 0, reattached.stdout + reattached.stderr
+    assert "finished on 0" in reattached.stdout and "finished on 1" in reattached.stdout
+    assert "SUCCEEDED" in cli(env, "logs", "--status", kept_cluster, job_id).stdout
+
+
+def test_ssh_config_entries_reach_the_workers(env, kept_cluster):
+    config = Path(env["AIRFLOW_SKY_SSH_CONFIG"])
+    assert "Include" in config.read_text()
+    result = subprocess.run(
+        ["ssh", "-F", str(config), "-o", "BatchMode=yes", f"{kept_cluster}-worker1", "echo $HOME; hostname"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    home = result.stdout.split()[0]
+    assert home.endswith("/home") and kept_cluster in home
+    direct = cli(env, "ssh", kept_cluster, "2", "echo", "rank-two")
+    assert direct.returncode == 0 and "rank-two" in direct.stdout
+
+
+def test_sdk_launch_tail_logs_down_from_a_plain_script(env, tmp_path):
+    script = tmp_path / "use_sdk.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import airflow_sky as sky
+
+            task = sky.Task(name="sdk", num_nodes=2, run='echo "sdk says hi from $SKYPILOT_NODE_RANK"; sleep 2')
+            job_id, handle = sky.launch(task, cluster_name="sdk-c", detach_run=True, stream_logs=False)
+            print("JOB", job_id, handle.cluster_name, len(handle.nodes))
+            rc = sky.tail_logs("sdk-c", job_id, follow=True)
+            print("TAIL_RC", rc)
+            print("STATUS", sky.job_status("sdk-c", [job_id])[job_id].value)
+            print("QUEUE", [r["job_id"] for r in sky.queue("sdk-c")])
+            sky.down("sdk-c")
+            print("CLUSTERS", [c["name"] for c in sky.status()])
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "JOB 1 sdk-c 2" in out
+    assert "sdk says hi from 0" in out and "sdk says hi from 1" in out
+    assert "TAIL_RC 0" in out and "STATUS SUCCEEDED" in out and "QUEUE [1]" in out
+    assert "sdk-c" not in out.split("CLUSTERS", 1)[1]
+    assert daemon.processes_with_marker("sdk-c") == []

@@ -1,0 +1,143 @@
+"""Faults end in success or a clear failure, never duplicates or leaks (real local nodes, `airflow dags test`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from airflow_sky.clouds.local import LocalCloud
+from airflow_sky.local import daemon, layout
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dag(dag_id: str, cluster: str, body: str, down: bool = True) -> str:
+    return f"""
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+{body}
+with DAG({dag_id!r}, schedule=None) as dag:
+    sky_job(task, cluster_name={cluster!r}, down={down!r})
+"""
+
+
+def _preempt_when(cluster: str, rank: int, ready: callable, timeout: float = 300) -> threading.Thread:  # type: ignore[valid-type]
+    """Preempt `rank` of `cluster` from a background thread as soon as ready() says so."""
+
+    def run() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                LocalCloud().preempt(cluster, rank)
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _exit_code_files(cluster: str, job: str) -> dict[int, Path]:
+    files = {}
+    for record_path in layout.instances_dir(cluster).glob("*/node.json"):
+        record = json.loads(record_path.read_text())
+        for path in (record_path.parent / "home" / ".airflow_sky" / "jobs" / job).glob("gen-*/exit_code"):
+            files[int(record["rank"])] = path
+    return files
+
+
+def test_failing_rank_kills_the_others_fast_and_they_record_137(run_dag, tmp_path):
+    body = f"""
+task = Task(
+    name="failfast",
+    num_nodes=3,
+    envs={{"PROBE": {str(tmp_path)!r}}},
+    run='if [ "$SKYPILOT_NODE_RANK" = 2 ]; then sleep 2; date +%s.%N > "$PROBE/failed-at"; echo "bad input" >&2; exit 3; fi; sleep 3600',
+)
+"""
+    result = run_dag("failfast", _dag("failfast", "failfast-c", body, down=False))
+    try:
+        assert result.returncode != 0
+        assert "rank 2 failed with exit code 3; killed the processes on the other nodes" in result.output
+        assert "bad input" in result.output  # the failing rank's last log lines are in its error
+        assert result.output.count("killed: rank 2 failed with exit code 3") >= 2
+        failed_at = float((tmp_path / "failed-at").read_text())
+        codes = _exit_code_files("failfast-c", "1-run")
+        assert {rank: path.read_text().strip() for rank, path in codes.items()} == {
+            0: "137",
+            1: "137",
+            2: "3",
+        }
+        for rank in (0, 1):
+            assert codes[rank].stat().st_mtime - failed_at < 10
+        assert [p for p in daemon.processes_with_marker("failfast-c") if p.name() == "sleep"] == []
+    finally:
+        LocalCloud().terminate("failfast-c")
+    assert daemon.processes_with_marker("failfast-c") == []
+
+
+def test_preempted_worker_during_mingpt_is_replaced_and_training_resumes(run_dag):
+    cluster = "mingpt-preempt"
+    body = f"""
+task = Task.from_yaml({str(REPO / "examples" / "mingpt" / "train.yaml")!r})
+task.update_envs({{"MAX_STEPS": "160", "SNAPSHOT_EVERY": "20", "LOG_EVERY": "20"}})
+"""
+
+    def snapshot_saved() -> bool:
+        return any(layout.instances_dir(cluster).glob("*/home/sky_workdir/gpt_snapshot.pt"))
+
+    preempter = _preempt_when(cluster, 1, snapshot_saved)
+    old_ips: dict[int, str] = {}
+
+    def remember_ips() -> None:
+        while not old_ips:
+            nodes = LocalCloud().nodes(cluster)
+            if len(nodes) == 2:
+                old_ips.update({n.rank: n.internal_ip for n in nodes})
+            time.sleep(0.2)
+
+    threading.Thread(target=remember_ips, daemon=True).start()
+    result = run_dag("mingpt_preempt", _dag("mingpt_preempt", cluster, body))
+    preempter.join(timeout=1)
+    assert result.returncode == 0, result.output[-6000:]
+    assert "RECOVER: node(s) of rank 1 lost" in result.output
+    assert "rank 1 is now " in result.output
+    new_ip = result.output.split("rank 1 is now ", 1)[1].split()[0]
+    assert old_ips and new_ip != old_ips[1]
+    resumed = [line for line in result.output.splitlines() if "resuming from snapshot at step" in line]
+    assert resumed, "training restarted from scratch instead of resuming"
+    step = int(resumed[0].split("resuming from snapshot at step", 1)[1].split()[0])
+    assert step >= 20
+    assert "final loss" in result.output
+    assert daemon.processes_with_marker(cluster) == []
+
+
+def test_preempted_head_is_replaced_and_every_rank_relaunched(run_dag, tmp_path):
+    cluster = "head-preempt"
+    body = f"""
+task = Task(
+    name="headloss",
+    num_nodes=2,
+    envs={{"PROBE": {str(tmp_path)!r}}},
+    run='echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT $(echo "$SKYPILOT_NODE_IPS" | head -n1) $SKYPILOT_TASK_ID" >> "$PROBE/starts"; sleep 6',
+)
+"""
+
+    def both_started() -> bool:
+        starts = tmp_path / "starts"
+        return starts.exists() and len(starts.read_text().splitlines()) >= 2
+
+    preempter = _preempt_when(cluster, 0, both_started)
+    result = run_dag("head_preempt", _dag("head_preempt", cluster, body))
+    preempter.join(timeout=1)
+    assert result.returncode == 0, result.output[-6000:]
+    starts = [line.split() for line in (tmp_path / "starts").read_text().splitlines()]
+    by_generation = {g: {s[0]: s for s in starts if s[1] == g} for g in ("0", "1")}
+    assert set(by_generation["0"]) == {"0", "1"} and set(by_generation["1"]) == {"0", "1"}, starts
+    assert by_generation["1"]["0"][2] != by_generation["0"]["0"][2]  # the head has a new address
+    assert len({s[3] for s in starts}) == 1  # same SKYPILOT_TASK_ID across the recovery
+    assert "RECOVER: node(s) of rank 0 lost" in result.output
+    assert daemon.processes_with_marker(cluster) == []

@@ -1,0 +1,57 @@
+"""A run task killed mid-job (SIGKILL) and retried reattaches to the running job: never a second copy."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+from airflow_sky.local import daemon
+from airflow_sky.remote import NodeClient, start_job
+
+FOLLOWER = textwrap.dedent(
+    """
+    import json, sys
+    from airflow_sky.clouds.base import Node
+    from airflow_sky.gang import GangFollower
+    from airflow_sky.remote import NodeClient
+
+    nodes, key = json.loads(sys.argv[1]), sys.argv[2]
+    clients = {n["rank"]: NodeClient(Node.from_dict(n), key) for n in nodes}
+    result = GangFollower("1-run", 0, 0, clients, emit=lambda line: print(line, flush=True)).run()
+    print("EXIT", result.exit_code, flush=True)
+    """
+)
+
+
+def test_killed_follower_is_retried_and_reattaches_to_the_one_running_job(local_cluster):
+    name, nodes, key = local_cluster(2)
+    script = "echo started; sleep 4; echo ended"
+    clients = [NodeClient(n, key) for n in nodes]
+    try:
+        assert all(start_job(c, "1-run", script, {}, 0).started for c in clients)
+        args = [sys.executable, "-c", FOLLOWER, json.dumps([n.to_dict() for n in nodes]), key]
+        first = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        assert first.stdout is not None
+        assert "started" in first.stdout.readline()
+        first.send_signal(signal.SIGKILL)  # the worker running the task dies
+        first.wait()
+
+        # The retry: run_start again (attaches), then a new follower.
+        assert [start_job(c, "1-run", script, {}, 0).started for c in clients] == [False, False]
+        for node in nodes:
+            sleeps = [
+                p
+                for p in daemon.processes_with_marker(daemon.marker(name, node.instance_id))
+                if p.name() == "sleep"
+            ]
+            assert len(sleeps) == 1, f"rank {node.rank} runs {len(sleeps)} copies"
+        retry = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    finally:
+        for client in clients:
+            client.close()
+    assert retry.returncode == 0, retry.stderr
+    assert retry.stdout.count("started") == 1 and "ended" in retry.stdout
+    assert retry.stdout.strip().endswith("EXIT 0")
