@@ -20,6 +20,7 @@ from typing import Any
 from airflow_sky.spec import JobRecovery
 
 DEFAULT_MAX_RECOVERIES = 3
+RECOVERY_XCOM_KEY = "recovery"  # pushed by the leading run follow task: the job's latest generation
 
 
 class Action(enum.StrEnum):

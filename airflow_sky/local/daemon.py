@@ -93,11 +93,24 @@ def kill_marked(prefix: str, timeout_s: float = 5.0) -> int:
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             proc.send_signal(signal.SIGKILL)
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    # Not psutil.wait_procs: a killed process whose parent has not reaped it yet is a zombie (dead, just
+    # not buried), and still "exists" for it.
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
     if alive:
         pids = ", ".join(str(p.pid) for p in alive)
         raise ClusterError(f"could not stop local node processes {pids} of {prefix}")
     return len(procs)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def server_alive(node_dir: Path, node_marker: str) -> bool:

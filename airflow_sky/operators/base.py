@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,8 +10,10 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.log import mask_secret
 
 from airflow_sky import events
+from airflow_sky.clouds.base import Node
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.job import JobHandle
+from airflow_sky.recovery import RECOVERY_XCOM_KEY, RecoveryState
 from airflow_sky.spec import Task
 
 # Mapped per-node tasks show up in the UI as e.g. "rank 1 · 127.0.0.3".
@@ -59,6 +62,18 @@ class SkyBaseOperator(BaseOperator):
 
     def handle(self) -> JobHandle:
         return JobHandle.from_dict(self.cluster)
+
+    def latest_handle(self, context: Any) -> JobHandle:
+        """The job as of its latest generation: a recovery may have replaced nodes since provisioning."""
+        handle = self.handle()
+        announced = context["ti"].xcom_pull(
+            task_ids=f"{self.group_prefix}run_follow", map_indexes=0, key=RECOVERY_XCOM_KEY
+        )
+        state = RecoveryState.from_dict(announced)
+        if state.generation <= handle.generation or not state.nodes:
+            return handle
+        nodes = tuple(Node.from_dict(n) for n in state.nodes)
+        return dataclasses.replace(handle, nodes=nodes, generation=state.generation)
 
     def hook(self, handle: JobHandle) -> SkyClusterHook:
         return SkyClusterHook(handle.cluster_name, handle.infra, self.conn_id)

@@ -21,7 +21,7 @@ class SkyCollectOperator(SkyBaseOperator):
         self.run_follow_task_id = run_follow_task_id
 
     def execute(self, context: Any) -> Any:
-        handle = self.handle()
+        handle = self.latest_handle(context)
         ti = context["ti"]
         values = ti.xcom_pull(task_ids=self.run_follow_task_id, map_indexes=list(range(handle.num_run_nodes)))
         ranks = list(values) if isinstance(values, list | tuple) else [values]

@@ -17,12 +17,11 @@ from airflow_sky.errors import JobFailed
 from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower, Relaunch
 from airflow_sky.job import JobHandle, Phase
 from airflow_sky.operators.base import SkyBaseOperator
-from airflow_sky.recovery import DEFAULT_MAX_RECOVERIES, Decision, RecoveryState, decide
+from airflow_sky.recovery import DEFAULT_MAX_RECOVERIES, RECOVERY_XCOM_KEY, Decision, RecoveryState, decide
 from airflow_sky.relaunch import RECOVERY_COUNT_ENV, current_nodes, relaunch, unhealthy_ranks
 from airflow_sky.remote import jobs, queue
 from airflow_sky.remote.shell import JOBS_DIR
 
-RECOVERY_XCOM_KEY = "recovery"  # pushed by the leading run follow task: the job's latest generation
 _WAIT_FOR_LEADER_S = 1800.0
 
 
