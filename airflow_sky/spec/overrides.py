@@ -6,11 +6,14 @@ secret replaces the secret; any other key lands in `envs` (adding it when the YA
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import string
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from dotenv.parser import parse_stream
 
 from airflow_sky.errors import SpecError
 from airflow_sky.spec.schema import ENV_KEY_PATTERN
@@ -33,8 +36,6 @@ def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
     """A dotenv file -> {KEY: VALUE}, read with python-dotenv's parser (quotes, `export`, comments).
 
     Values are taken literally: `${VAR}` inside them is not expanded from the launcher's environment.
-    Without python-dotenv, a minimal reader takes `[export ]KEY=VALUE` lines, `#` comment lines and blank
-    lines, and strips one pair of matching surrounding quotes.
     """
     label = f"--env-file {os.fspath(path)}"
     try:
@@ -54,32 +55,11 @@ def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def _bindings(text: str) -> list[tuple[int, str | None, str | None]]:
-    """(line number, key, value) per assignment; key None marks an unparsable line."""
-    try:
-        from dotenv.parser import parse_stream
-    except ImportError:
-        return _simple_bindings(text)
-    import io
-
+    """(line number, key, value) per assignment, parsed by python-dotenv; key None marks an unparsable line."""
     found: list[tuple[int, str | None, str | None]] = []
     for binding in parse_stream(io.StringIO(text)):
         if binding.error or binding.key is not None:
             found.append((binding.original.line, None if binding.error else binding.key, binding.value))
-    return found
-
-
-def _simple_bindings(text: str) -> list[tuple[int, str | None, str | None]]:
-    found: list[tuple[int, str | None, str | None]] = []
-    for line_no, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        line = line.removeprefix("export ").lstrip()
-        key, sep, value = line.partition("=")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        found.append((line_no, key.strip() if sep else None, value))
     return found
 
 

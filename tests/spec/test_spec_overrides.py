@@ -8,7 +8,6 @@ import pytest
 
 from airflow_sky import SpecError
 from airflow_sky.spec import parse_env_args, read_env_file
-from airflow_sky.spec.overrides import _simple_bindings
 
 
 def test_env_args_split_at_the_first_equals_sign() -> None:
@@ -62,8 +61,3 @@ def test_env_file_key_without_value_is_an_error(tmp_path: Path) -> None:
 def test_missing_env_file_is_a_spec_error(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"^--env-file .*missing\.env: cannot read"):
         read_env_file(tmp_path / "missing.env")
-
-
-def test_fallback_reader_without_python_dotenv_takes_simple_assignments() -> None:
-    text = "# c\n\nA=1\nexport B='x y'\nC=\"q\"\nbroken line\n"
-    assert _simple_bindings(text) == [(3, "A", "1"), (4, "B", "x y"), (5, "C", "q"), (6, None, "")]
