@@ -60,7 +60,7 @@ def bench_exec_and_sync(cloud: LocalCloud, workdir: Path) -> None:
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(lambda c: c.exec("true"), clients))  # connect once, as a follow task does
                 ours, _ = timed(lambda: list(pool.map(lambda c: c.exec("true"), clients)))
-                ssh = [ssh_command_for(c, known_hosts) for c in clients]
+                ssh = [[*ssh_command_for(c, known_hosts), c.node.ssh_host] for c in clients]
                 baseline, _ = timed(
                     lambda: list(pool.map(lambda cmd: subprocess.run([*cmd, "true"], check=True), ssh))
                 )
