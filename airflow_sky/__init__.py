@@ -15,6 +15,7 @@ _LAZY = {
     "JobRecovery": "airflow_sky.spec",
     "sky_job": "airflow_sky.dag",
     "dag_from_yaml": "airflow_sky.dag",
+    "job_result": "airflow_sky.dag",
     # The SDK, mirroring SkyPilot's sky.launch / sky.exec / ...
     "launch": "airflow_sky.sdk",
     "exec": "airflow_sky.sdk",

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from airflow_sky.operators import (
 from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
 from airflow_sky.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.spec import Task
-from airflow_sky.task_files import local_uploads
+from airflow_sky.task_files import bucket_mounts
 
 
 def sky_job(
@@ -43,6 +44,11 @@ def sky_job(
     must_exist: bool = False,
     follow_run: bool = True,
     max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+    artifacts: Sequence[str] | None = None,
+    artifacts_to: str | None = None,
+    artifacts_from: str = "head",
+    aws_conn_id: str | None = None,
+    gcp_conn_id: str | None = None,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
@@ -66,7 +72,7 @@ def sky_job(
         task = Task.from_yaml(task, env_overrides=env_overrides)
     elif env_overrides:
         task = task.update_envs(env_overrides)
-    local_uploads(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
+    bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
     infra = infra or task.resources.infra or "local"
     group_id = group_id or _group_id(task)
     common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
@@ -92,7 +98,7 @@ def sky_job(
                 **kwargs,
             ).expand(node=nodes)
 
-        sync = per_node(SkySyncOperator, "sync", every_node)
+        sync = per_node(SkySyncOperator, "sync", every_node, aws_conn_id=aws_conn_id, gcp_conn_id=gcp_conn_id)
         launch = SkyLaunchOperator(task_id="launch", cluster=cluster, **common)
         run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
         if setup:
@@ -108,12 +114,28 @@ def sky_job(
             SkyFollowOperator, "run_follow", launch.output, phase="run", max_recoveries=max_recoveries
         )
         collect = SkyCollectOperator(
-            task_id="collect", cluster=cluster, run_follow_task_id=f"{group_id}.run_follow", **common
+            task_id="collect",
+            cluster=cluster,
+            run_follow_task_id=f"{group_id}.run_follow",
+            artifacts=artifacts,
+            artifacts_to=artifacts_to,
+            artifacts_from=artifacts_from,
+            aws_conn_id=aws_conn_id,
+            gcp_conn_id=gcp_conn_id,
+            **common,
         )
         teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
         launch >> run_start >> run_follow >> collect >> teardown
         teardown.as_teardown(setups=provision)
     return group
+
+
+def job_result(group: TaskGroup) -> Any:
+    """The job's result for downstream tasks: the head's return.json (XCom of the group's collect task).
+
+    `job_result(group)` is an XComArg; pass it to a @task, or pull `ranks` / `artifacts` keys from collect.
+    """
+    return group.children[f"{group.group_id}.collect"].output  # type: ignore[attr-defined]
 
 
 def dag_from_yaml(

@@ -9,6 +9,7 @@ import shlex
 import time
 from collections.abc import Callable
 
+from airflow_sky.buckets import bucket_source, copy_bucket
 from airflow_sky.errors import SpecError
 from airflow_sky.remote.client import NodeClient
 from airflow_sky.remote.shell import WORKDIR
@@ -28,16 +29,29 @@ def local_uploads(task: Task) -> list[tuple[str, str]]:
     if task.resolved_workdir is not None:
         uploads.append((task.resolved_workdir, f"~/{WORKDIR}"))
     for dst, src in task.file_mounts.items():
-        if isinstance(src, StorageMount) or is_bucket_uri(src):
-            raise SpecError(
-                f"file_mounts.{dst}: bucket and storage mounts are not supported yet; use a local path"
-            )
-        uploads.append((task.resolve_local_path(src), dst))
+        if not (isinstance(src, StorageMount) or is_bucket_uri(src)):
+            uploads.append((task.resolve_local_path(src), dst))
     return uploads
 
 
-def upload_task_files(client: NodeClient, task: Task, log: Callable[[str], None]) -> UploadResult:
-    """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing)."""
+def bucket_mounts(task: Task) -> list[tuple[str, str]]:
+    """(bucket URI, remote destination) pairs of the bucket file_mounts (validated when the DAG is built)."""
+    return [
+        (bucket_source(src), dst)
+        for dst, src in task.file_mounts.items()
+        if isinstance(src, StorageMount) or is_bucket_uri(src)
+    ]
+
+
+def upload_task_files(
+    client: NodeClient,
+    task: Task,
+    log: Callable[[str], None],
+    aws_conn_id: str | None = None,
+    gcp_conn_id: str | None = None,
+) -> UploadResult:
+    """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing),
+    then copy bucket file_mounts onto it through the providers' hooks."""
     sent, method = 0, "none"
     for source, destination in local_uploads(task):
         started = time.monotonic()
@@ -55,6 +69,8 @@ def upload_task_files(client: NodeClient, task: Task, log: Callable[[str], None]
             f"synced {source} -> {destination} on rank {client.node.rank} "
             f"({method}, {sent} files sent, {time.monotonic() - started:.1f}s)"
         )
+    for uri, destination in bucket_mounts(task):
+        sent += copy_bucket(client, uri, destination, log, aws_conn_id, gcp_conn_id)
     return UploadResult(sent, method)
 
 

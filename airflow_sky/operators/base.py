@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -24,8 +25,9 @@ class SkyBaseOperator(BaseOperator):
     """Base of the phase operators. `cluster` is the provision task's XCom (a JobHandle as a dict)."""
 
     ui_color = "#d6e9ff"
-    # `cluster` arrives as an XComArg: Airflow resolves XComArgs in template fields at run time.
-    template_fields: Sequence[str] = ("cluster",)
+    # `cluster` arrives as an XComArg: Airflow resolves XComArgs in template fields at run time. The task
+    # spec's own template fields (setup, run, envs, secrets) render per run.
+    template_fields: Sequence[str] = ("cluster", "sky_task")
 
     def __init__(
         self,
@@ -38,7 +40,8 @@ class SkyBaseOperator(BaseOperator):
         callbacks = kwargs.pop("on_failure_callback", None) or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         super().__init__(on_failure_callback=[_publish_failure, *callbacks], **kwargs)
-        self.sky_task = sky_task
+        # A copy per operator: rendering templates fills the spec in place.
+        self.sky_task = copy.deepcopy(sky_task)
         self.cluster = cluster
         self.conn_id = conn_id
 
@@ -77,6 +80,13 @@ class SkyBaseOperator(BaseOperator):
 
     def hook(self, handle: JobHandle) -> SkyClusterHook:
         return SkyClusterHook(handle.cluster_name, handle.infra, self.conn_id)
+
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        # Secrets are registered before and after rendering, so neither the literal nor the rendered value
+        # reaches a log or the rendered-template view.
+        self.mask_secrets()
+        super().render_template_fields(context, jinja_env)
+        self.mask_secrets()
 
     def mask_secrets(self) -> None:
         """Register the task's secrets with Airflow's masker before anything can log them."""

@@ -16,6 +16,7 @@ from airflow_sky import events
 from airflow_sky.errors import JobFailed
 from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower, Relaunch
 from airflow_sky.job import JobHandle, Phase
+from airflow_sky.logs import redactor
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.recovery import DEFAULT_MAX_RECOVERIES, RECOVERY_XCOM_KEY, Decision, RecoveryState, decide
 from airflow_sky.relaunch import RECOVERY_COUNT_ENV, current_nodes, relaunch, unhealthy_ranks
@@ -199,6 +200,7 @@ class SkyFollowOperator(_PhaseOperator):
     # ---- output ------------------------------------------------------------------------------------
 
     def _emit(self, line: str) -> None:
+        line = redactor(self.sky_task.secrets.values())(line)
         self.log.info("%s", line)
         events.publish(events.Event("log", self.step, int(self.node["rank"]), line))
 

@@ -29,7 +29,7 @@ class SkyProvisionOperator(SkyBaseOperator):
     when its setup task failed.
     """
 
-    template_fields: Sequence[str] = ("cluster_name",)
+    template_fields: Sequence[str] = ("cluster_name", "sky_task")
     ui_color = "#c8e6c9"
 
     def __init__(

@@ -64,6 +64,10 @@ class Task:
     Every problem raises `airflow_sky.SpecError` with a one-line message naming the source and field.
     """
 
+    # Airflow renders these per run when the task sits in a DAG ({{ ds }}, {{ params.x }}, {{ dag_run.conf }});
+    # shell `$VAR`/`${VAR}` pass through Jinja untouched.
+    template_fields: tuple[str, ...] = ("setup", "run", "envs", "secrets")
+
     name: str | None
     setup: str | None
     run: str | None

@@ -46,7 +46,8 @@ name: short
 num_nodes: 2
 run: |
   echo "started on $SKYPILOT_NODE_RANK"
-  sleep 20
+  # Runs until the test releases it, however slow the machine is.
+  while [ ! -f "$RELEASE" ]; do sleep 0.2; done
   echo "finished on $SKYPILOT_NODE_RANK"
 """
 
@@ -123,9 +124,10 @@ def test_cancel_of_a_sleeping_job_leaves_no_process_on_any_node(env, yamls, kept
     assert "CANCELLED" in cli(env, "logs", "--status", kept_cluster, job_id).stdout
 
 
-def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluster):
+def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluster, tmp_path):
+    release = tmp_path / "release"
     proc = subprocess.Popen(
-        [*CLI, "exec", kept_cluster, str(yamls / "short.yaml")],
+        [*CLI, "exec", kept_cluster, str(yamls / "short.yaml"), "--env", f"RELEASE={release}"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -145,6 +147,7 @@ def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluste
     job_id = output.split("Detached from the logs; job ", 1)[1].split()[0]
     status = cli(env, "logs", "--status", kept_cluster, job_id)
     assert "RUNNING" in status.stdout, status.stdout + status.stderr
+    release.touch()
     reattached = cli(env, "logs", kept_cluster, job_id)
     assert reattached.returncode == 0, reattached.stdout + reattached.stderr
     assert "finished on 0" in reattached.stdout and "finished on 1" in reattached.stdout

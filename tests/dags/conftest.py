@@ -47,14 +47,16 @@ def run_dag(airflow_home: dict[str, str]) -> Callable[[str, str], DagRunResult]:
     """Write a DAG file and run it with `airflow dags test`; returns exit code, output and duration."""
     dags = Path(airflow_home["AIRFLOW__CORE__DAGS_FOLDER"])
 
-    def run(dag_id: str, source: str, timeout: float = 600) -> DagRunResult:
+    def run(
+        dag_id: str, source: str, timeout: float = 600, env: dict[str, str] | None = None
+    ) -> DagRunResult:
         for old in dags.glob("*.py"):
             old.unlink()
         (dags / f"{dag_id}.py").write_text(textwrap.dedent(source))
         started = time.monotonic()
         proc = subprocess.run(
             [AIRFLOW, "dags", "test", dag_id],
-            env=airflow_home,
+            env={**airflow_home, **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,

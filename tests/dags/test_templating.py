@@ -1,0 +1,36 @@
+"""Task fields are Airflow templates, rendered per run; secrets stay out of the task logs."""
+
+from __future__ import annotations
+
+import json
+
+SECRET = "s3cr3t-Value-9f2"
+
+
+def test_envs_and_run_render_per_run_and_secrets_are_masked(run_dag, tmp_path):
+    source = f"""
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+task = Task(
+    name="templated",
+    num_nodes=2,
+    envs={{"DAY": "{{{{ ds }}}}", "RUN": "{{{{ run_id }}}}", "LITERAL": "$HOME and ${{HOME}}", "PROBE": {str(tmp_path)!r}}},
+    secrets={{"TOKEN": {SECRET!r}}},
+    run='echo "day=$DAY token=$TOKEN literal=$LITERAL"; echo "{{{{ dag.dag_id }}}}" > "$PROBE/rendered-$SKYPILOT_NODE_RANK"; '
+        'python3 -c "import json, os; json.dump({{k: os.environ[k] for k in (\\'DAY\\', \\'LITERAL\\', \\'TOKEN\\')}}, '
+        'open(os.environ[\\'PROBE\\'] + \\'/env-\\' + os.environ[\\'SKYPILOT_NODE_RANK\\'], \\'w\\'))"',
+)
+with DAG("templated", schedule=None) as dag:
+    sky_job(task, cluster_name="templated-c")
+"""
+    result = run_dag("templated", source)
+    assert result.returncode == 0, result.output[-5000:]
+    for rank in (0, 1):
+        env = json.loads((tmp_path / f"env-{rank}").read_text())
+        assert len(env["DAY"]) == 10 and env["DAY"][4] == "-"  # {{ ds }} -> YYYY-MM-DD
+        assert env["LITERAL"] == "$HOME and ${HOME}"  # shell variables are not Jinja's
+        assert env["TOKEN"] == SECRET  # the node gets the real value...
+        assert (tmp_path / f"rendered-{rank}").read_text().strip() == "templated"
+    assert "day=" in result.output
+    assert SECRET not in result.output  # ...the logs never do

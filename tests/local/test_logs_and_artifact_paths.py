@@ -1,0 +1,42 @@
+"""Pure helpers: node log prefixes, secret redaction, artifact destinations."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_sky.artifacts import destination_uri, remote_path, validate_destination
+from airflow_sky.errors import SpecError
+from airflow_sky.logs import LineSplitter, node_prefix, redactor
+
+
+def test_prefixes_match_skypilot():
+    assert node_prefix(0, 17894, "10.0.0.6") == "(head, rank=0, pid=17894)"
+    assert node_prefix(1, 15406, "10.0.0.7") == "(worker1, rank=1, pid=15406, ip=10.0.0.7)"
+    assert node_prefix(2, None, "10.0.0.8", setup=True) == "(setup worker2, rank=2, pid=?, ip=10.0.0.8)"
+
+
+def test_line_splitter_joins_chunks_and_keeps_the_tail():
+    lines: list[str] = []
+    splitter = LineSplitter(lines.append, keep=2)
+    for chunk in (b"a\nb", b"c\r\nd", b"\n", b"tail without newline"):
+        splitter.feed(chunk)
+    splitter.flush()
+    assert lines == ["a", "bc", "d", "tail without newline"]
+    assert list(splitter.tail) == ["d", "tail without newline"]
+
+
+def test_redactor_hides_secrets_and_each_line_of_multiline_ones():
+    redact = redactor(["hunter2", "line-one\nline-two", "ab"])
+    assert redact("password=hunter2!") == "password=***!"
+    assert redact("got line-two here") == "got *** here"
+    assert redact("ab is too short to redact safely") == "ab is too short to redact safely"
+
+
+def test_artifact_destinations():
+    assert destination_uri("s3://b/runs/1/", "~/sky_workdir/model.pt", None) == "s3://b/runs/1/model.pt"
+    assert destination_uri("/data/out", "ckpt/last.pt", 1) == "/data/out/rank-1/last.pt"
+    assert remote_path("~/sky_workdir/model.pt") == "sky_workdir/model.pt"
+    with pytest.raises(SpecError, match="artifacts_to"):
+        validate_destination("ftp://host/x")
+    with pytest.raises(SpecError, match="does not name a file"):
+        destination_uri("/data", "~/", None)
