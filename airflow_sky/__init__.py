@@ -16,6 +16,7 @@ _LAZY = {
     "sky_job": "airflow_sky.dag",
     "dag_from_yaml": "airflow_sky.dag",
     "job_result": "airflow_sky.dag",
+    "dags_from_folder": "airflow_sky.folder",
     # The SDK, mirroring SkyPilot's sky.launch / sky.exec / ...
     "launch": "airflow_sky.sdk",
     "exec": "airflow_sky.sdk",

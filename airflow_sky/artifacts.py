@@ -71,6 +71,8 @@ def upload_stream(stream: IO[bytes], uri: str, aws_conn_id: str | None, gcp_conn
                 "artifacts_to gs:// needs the google provider: pip install 'airflow-sky[gcp]'"
             ) from e
         client = GCSHook(gcp_conn_id=gcp_conn_id or "google_cloud_default").get_conn()
-        client.bucket(parsed.netloc).blob(parsed.path.lstrip("/")).upload_from_file(stream)
+        # A chunk size makes it a resumable upload sent chunk by chunk (else the client reads it all first).
+        blob = client.bucket(parsed.netloc).blob(parsed.path.lstrip("/"), chunk_size=8 * _CHUNK)
+        blob.upload_from_file(stream)
     else:
         validate_destination(uri)

@@ -147,3 +147,76 @@ with DAG("mounted", schedule=None) as dag:
     assert result.returncode == 0, result.output[-5000:]
     for rank in (0, 1):
         assert (tmp_path / f"setup-{rank}").read_text() == "training data\nlabels\ntraining data\n"
+
+
+@pytest.fixture(scope="module")
+def gcs_emulator() -> Iterator[str]:
+    """A real GCS JSON API (gcp-storage-emulator, in memory) on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    binary = Path(sys.executable).parent / "gcp-storage-emulator"
+    proc = subprocess.Popen(
+        [str(binary), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_gcs_file_mount_and_artifacts_through_gcshook(run_dag, gcs_emulator, tmp_path, monkeypatch):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    client = storage.Client(credentials=AnonymousCredentials(), project="test")
+    client.create_bucket("gdata")
+    client.bucket("gdata").blob("in/input.txt").upload_from_string(b"from gcs\n")
+    probe = tmp_path / "evaluated.json"
+    source = f"""
+from airflow.sdk import DAG, task
+from airflow_sky import Task, job_result, sky_job
+
+sky_task = Task(
+    name="gart",
+    num_nodes=2,
+    envs={{"PROBE": {str(tmp_path)!r}}},
+    file_mounts={{"~/in": "gs://gdata/in/"}},
+    setup='cp ~/in/input.txt "$PROBE/seen-$SKYPILOT_SETUP_NODE_RANK"',
+    run={RUN!r},
+)
+with DAG("gcs_artifacts", schedule=None) as dag:
+    group = sky_job(sky_task, cluster_name="gart-c", artifacts=["~/sky_workdir/model.bin"], artifacts_to="gs://gdata/runs/{{{{ ds }}}}/")
+
+    @task
+    def evaluate(result, ti=None):
+        uploaded = ti.xcom_pull(task_ids="gart.collect", key="artifacts")
+        open({str(probe)!r}, "w").write(__import__("json").dumps({{"result": result, "artifacts": uploaded}}))
+
+    evaluate(job_result(group))
+"""
+    connection = json.dumps(
+        {"conn_type": "google_cloud_platform", "extra": {"is_anonymous": True, "project": "test"}}
+    )
+    result = run_dag(
+        "gcs_artifacts",
+        source,
+        env={"STORAGE_EMULATOR_HOST": gcs_emulator, "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": connection},
+    )
+    assert result.returncode == 0, result.output[-5000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"seen-{rank}").read_text() == "from gcs\n"
+    seen = json.loads(probe.read_text())
+    uri = seen["artifacts"]["~/sky_workdir/model.bin"]
+    assert uri.startswith("gs://gdata/runs/") and seen["result"]["rank"] == 0
+    blob = client.bucket("gdata").blob(uri.removeprefix("gs://gdata/"))
+    assert blob.download_as_bytes() == b"weights of rank 0\n"
