@@ -21,18 +21,22 @@ from airflow_sky.spec import StorageMount
 _CHUNK = 1024 * 1024
 
 
-def bucket_source(source: str | StorageMount) -> str:
+def bucket_source(source: str | StorageMount, destination: str = "") -> str:
     """The bucket URI of a file_mounts source (a URI, or a storage mapping with `source` or `store`+`name`)."""
-    if isinstance(source, str):
-        return source
-    if isinstance(source.source, str):
-        return source.source
-    if source.name and source.store:
+    uri = source if isinstance(source, str) else source.source
+    if isinstance(uri, str):
+        if urlparse(uri).scheme not in ("s3", "gs"):
+            raise SpecError(
+                f"file_mounts.{destination}: {uri!r}: only s3:// and gs:// buckets are supported (or a local path)"
+            )
+        return uri
+    if isinstance(source, StorageMount) and source.name and source.store:
         scheme = {"s3": "s3", "gcs": "gs"}.get(source.store.lower())
         if scheme:
             return f"{scheme}://{source.name}"
+    shown = source.to_dict() if isinstance(source, StorageMount) else source
     raise SpecError(
-        f"file_mounts: storage {source.to_dict()} is not supported yet: use source: s3://... or gs://..."
+        f"file_mounts.{destination}: storage {shown} is not supported: use source: s3://..., gs://... or a path"
     )
 
 
@@ -68,7 +72,7 @@ def _objects(
                 continue
             yield _relative(blob.name, prefix), functools.partial(blob.open, "rb")
     else:
-        raise SpecError(f"file_mounts: {uri!r}: only s3:// and gs:// buckets are supported")
+        raise SpecError(f"file_mounts.{destination}: {uri!r}: only s3:// and gs:// buckets are supported")
 
 
 def _s3_body(s3: Any, bucket: str, key: str) -> IO[bytes]:

@@ -29,18 +29,22 @@ def local_uploads(task: Task) -> list[tuple[str, str]]:
     if task.resolved_workdir is not None:
         uploads.append((task.resolved_workdir, f"~/{WORKDIR}"))
     for dst, src in task.file_mounts.items():
-        if not (isinstance(src, StorageMount) or is_bucket_uri(src)):
-            uploads.append((task.resolve_local_path(src), dst))
+        local = _local_source(src)
+        if local is not None:
+            uploads.append((task.resolve_local_path(local), dst))
     return uploads
+
+
+def _local_source(src: str | StorageMount) -> str | None:
+    """The local path of a mount (a plain path, or a storage mapping whose source is one), else None."""
+    if isinstance(src, StorageMount):
+        return src.source if isinstance(src.source, str) and not is_bucket_uri(src.source) else None
+    return None if is_bucket_uri(src) else src
 
 
 def bucket_mounts(task: Task) -> list[tuple[str, str]]:
     """(bucket URI, remote destination) pairs of the bucket file_mounts (validated when the DAG is built)."""
-    return [
-        (bucket_source(src), dst)
-        for dst, src in task.file_mounts.items()
-        if isinstance(src, StorageMount) or is_bucket_uri(src)
-    ]
+    return [(bucket_source(src), dst) for dst, src in task.file_mounts.items() if _local_source(src) is None]
 
 
 def upload_task_files(

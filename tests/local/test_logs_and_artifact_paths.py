@@ -40,3 +40,22 @@ def test_artifact_destinations():
         validate_destination("ftp://host/x")
     with pytest.raises(SpecError, match="does not name a file"):
         destination_uri("/data", "~/", None)
+
+
+def test_mounts_split_into_local_uploads_and_bucket_copies():
+    from airflow_sky import Task
+    from airflow_sky.task_files import bucket_mounts, local_uploads
+
+    task = Task(
+        run="x",
+        file_mounts={
+            "~/a": "/srv/data",
+            "~/b": "s3://b/p",
+            "~/c": {"source": "/srv/cfg", "mode": "COPY"},
+            "~/d": {"name": "bk", "store": "gcs"},
+        },
+    )
+    assert local_uploads(task) == [("/srv/data", "~/a"), ("/srv/cfg", "~/c")]
+    assert bucket_mounts(task) == [("s3://b/p", "~/b"), ("gs://bk", "~/d")]
+    with pytest.raises(SpecError, match=r"file_mounts\.~/e: 'r2://x/y': only s3:// and gs://"):
+        bucket_mounts(Task(run="x", file_mounts={"~/e": "r2://x/y"}))
