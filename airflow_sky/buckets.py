@@ -72,7 +72,7 @@ def _objects(
                 continue
             yield _relative(blob.name, prefix), functools.partial(blob.open, "rb")
     else:
-        raise SpecError(f"file_mounts.{destination}: {uri!r}: only s3:// and gs:// buckets are supported")
+        raise SpecError(f"file_mounts: {uri!r}: only s3:// and gs:// buckets are supported")
 
 
 def _s3_body(s3: Any, bucket: str, key: str) -> IO[bytes]:

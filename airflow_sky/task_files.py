@@ -44,7 +44,9 @@ def _local_source(src: str | StorageMount) -> str | None:
 
 def bucket_mounts(task: Task) -> list[tuple[str, str]]:
     """(bucket URI, remote destination) pairs of the bucket file_mounts (validated when the DAG is built)."""
-    return [(bucket_source(src), dst) for dst, src in task.file_mounts.items() if _local_source(src) is None]
+    return [
+        (bucket_source(src, dst), dst) for dst, src in task.file_mounts.items() if _local_source(src) is None
+    ]
 
 
 def upload_task_files(
