@@ -19,19 +19,9 @@ printf '{"final_loss": 0.%s, "rank": %s}' "$SKYPILOT_NODE_RANK" "$SKYPILOT_NODE_
 """
 
 
-@pytest.fixture(scope="module")
-def moto_s3() -> Iterator[str]:
-    """A real S3 API (moto in server mode) on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen(
-        [str(server), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
+def _serve(argv: list[str], port: int) -> Iterator[str]:
+    """Run an emulator on 127.0.0.1:port until the fixture ends; yields its endpoint."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -39,9 +29,24 @@ def moto_s3() -> Iterator[str]:
             break
         except OSError:
             time.sleep(0.2)
-    yield endpoint
+    yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def moto_s3() -> Iterator[str]:
+    """A real S3 API (moto in server mode) on a free loopback port."""
+    port = _free_port()
+    yield from _serve(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], port
+    )
 
 
 def _s3(endpoint: str) -> object:
@@ -152,25 +157,9 @@ with DAG("mounted", schedule=None) as dag:
 @pytest.fixture(scope="module")
 def gcs_emulator() -> Iterator[str]:
     """A real GCS JSON API (gcp-storage-emulator, in memory) on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    binary = Path(sys.executable).parent / "gcp-storage-emulator"
-    proc = subprocess.Popen(
-        [str(binary), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    port = _free_port()
+    binary = str(Path(sys.executable).parent / "gcp-storage-emulator")
+    yield from _serve([binary, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"], port)
 
 
 def test_gcs_file_mount_and_artifacts_through_gcshook(run_dag, gcs_emulator, tmp_path, monkeypatch):
