@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 from datetime import datetime
@@ -156,7 +155,6 @@ TRICKY_VALUES = {
 }
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_env_file_round_trips_through_bash(tmp_path: Path) -> None:
     env_file = tmp_path / "job.env"
     env_file.write_text(env_file_text(TRICKY_VALUES), encoding="utf-8")
