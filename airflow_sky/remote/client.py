@@ -89,6 +89,7 @@ class NodeClient:
         self._sftp_lock = threading.RLock()
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self.remote_has_rsync: bool | None = None  # learned by the first sync over this client
 
     def __enter__(self) -> NodeClient:
         return self

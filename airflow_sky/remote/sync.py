@@ -70,10 +70,13 @@ def iter_files(local_dir: Path, spec: pathspec.PathSpec) -> Iterator[str]:
 
 
 def rsync_available(client: NodeClient) -> bool:
+    """Both ends have rsync (asked once per connection: a workdir and several mounts sync in a row)."""
     if shutil.which("rsync") is None or shutil.which("ssh") is None:
         return False
-    rc, _, _ = client.exec("command -v rsync >/dev/null", timeout=30)
-    return rc == 0
+    if client.remote_has_rsync is None:
+        rc, _, _ = client.exec("command -v rsync >/dev/null", timeout=30)
+        client.remote_has_rsync = rc == 0
+    return client.remote_has_rsync
 
 
 def sync_dir(
