@@ -101,3 +101,10 @@ def next_state(state: RecoveryState, action: Action, nodes: Sequence[dict[str, A
         restarts=state.restarts + (1 if action is Action.RESTART else 0),
         nodes=tuple(nodes),
     )
+
+
+def latest_announced(values: Any) -> RecoveryState:
+    """The newest generation among the `recovery` XComs of the run follow tasks (whichever led)."""
+    items = values if isinstance(values, list | tuple) else [values]
+    states = [RecoveryState.from_dict(v) for v in items if v]
+    return max(states, key=lambda s: s.generation, default=RecoveryState())

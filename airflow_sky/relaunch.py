@@ -18,7 +18,7 @@ from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.job import JobHandle, JobStatus
 from airflow_sky.logs import LineSplitter, node_prefix
 from airflow_sky.recovery import Action, Decision, RecoveryState, next_state
-from airflow_sky.remote import jobs, queue
+from airflow_sky.remote import jobs, queue, shell
 from airflow_sky.remote.client import NodeClient
 from airflow_sky.spec import Task
 from airflow_sky.task_files import upload_task_files
@@ -42,6 +42,28 @@ def unhealthy_ranks(hook: SkyClusterHook, nodes: Sequence[Node]) -> list[int]:
         or live[n.rank].status is not NodeStatus.RUNNING
         or live[n.rank].instance_id != n.instance_id
     ]
+
+
+def claim_lead(hook: SkyClusterHook, handle: JobHandle, state: RecoveryState, rank: int) -> bool:
+    """Exactly one follower leads a relaunch, whatever order a runner starts them in.
+
+    The claim is an atomic mkdir on the lowest-ranked node that is still up; when none is, the head rank's
+    follower leads.
+    """
+    nodes = current_nodes(handle, state)
+    run_ranks = {n.rank for n in handle.run_nodes}
+    bad = set(unhealthy_ranks(hook, nodes))
+    healthy = [n for n in nodes if n.rank in run_ranks and n.rank not in bad]
+    if not healthy:
+        return rank == min(run_ranks)
+    try:
+        with hook.client(healthy[0]) as client:
+            rc, out, _ = client.exec(
+                shell.claim_command(handle.remote_job_id("run"), state.generation + 1), timeout=60
+            )
+    except RemoteError:
+        return rank == min(run_ranks)
+    return rc == 0 and out.decode().strip() == "won"
 
 
 def relaunch(

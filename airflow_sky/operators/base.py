@@ -14,7 +14,7 @@ from airflow_sky import events
 from airflow_sky.clouds.base import Node
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.job import JobHandle
-from airflow_sky.recovery import RECOVERY_XCOM_KEY, RecoveryState
+from airflow_sky.recovery import RECOVERY_XCOM_KEY, latest_announced
 from airflow_sky.spec import Task
 
 # Mapped per-node tasks show up in the UI as e.g. "rank 1 · 127.0.0.3".
@@ -70,9 +70,11 @@ class SkyBaseOperator(BaseOperator):
         """The job as of its latest generation: a recovery may have replaced nodes since provisioning."""
         handle = self.handle()
         announced = context["ti"].xcom_pull(
-            task_ids=f"{self.group_prefix}run_follow", map_indexes=0, key=RECOVERY_XCOM_KEY
+            task_ids=f"{self.group_prefix}run_follow",
+            map_indexes=list(range(handle.num_run_nodes)),
+            key=RECOVERY_XCOM_KEY,
         )
-        state = RecoveryState.from_dict(announced)
+        state = latest_announced(announced)
         if state.generation <= handle.generation or not state.nodes:
             return handle
         nodes = tuple(Node.from_dict(n) for n in state.nodes)

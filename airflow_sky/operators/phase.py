@@ -18,8 +18,15 @@ from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower, Relaunch
 from airflow_sky.job import JobHandle, Phase
 from airflow_sky.logs import redactor
 from airflow_sky.operators.base import SkyBaseOperator
-from airflow_sky.recovery import DEFAULT_MAX_RECOVERIES, RECOVERY_XCOM_KEY, Decision, RecoveryState, decide
-from airflow_sky.relaunch import RECOVERY_COUNT_ENV, current_nodes, relaunch, unhealthy_ranks
+from airflow_sky.recovery import (
+    DEFAULT_MAX_RECOVERIES,
+    RECOVERY_XCOM_KEY,
+    Decision,
+    RecoveryState,
+    decide,
+    latest_announced,
+)
+from airflow_sky.relaunch import RECOVERY_COUNT_ENV, claim_lead, current_nodes, relaunch, unhealthy_ranks
 from airflow_sky.remote import jobs, queue
 from airflow_sky.remote.shell import JOBS_DIR
 
@@ -156,15 +163,14 @@ class SkyFollowOperator(_PhaseOperator):
 
     # ---- recovery ----------------------------------------------------------------------------------
 
-    def _is_leader(self, handle: JobHandle) -> bool:
-        return int(self.node["rank"]) == handle.run_nodes[0].rank
-
     def _announced_state(self, context: Any, handle: JobHandle) -> RecoveryState:
         """The latest generation the leader announced (none yet: the provisioned one)."""
         if self.phase != "run":
             return RecoveryState(generation=handle.generation)
-        announced = context["ti"].xcom_pull(task_ids=self.task_id, map_indexes=0, key=RECOVERY_XCOM_KEY)
-        state = RecoveryState.from_dict(announced)
+        announced = context["ti"].xcom_pull(
+            task_ids=self.task_id, map_indexes=list(range(handle.num_run_nodes)), key=RECOVERY_XCOM_KEY
+        )
+        state = latest_announced(announced)
         return state if state.generation >= handle.generation else RecoveryState(generation=handle.generation)
 
     def _triage(
@@ -181,7 +187,7 @@ class SkyFollowOperator(_PhaseOperator):
     def _next_generation(
         self, context: Any, hook: Any, handle: JobHandle, state: RecoveryState, relaunching: Relaunch
     ) -> RecoveryState:
-        if relaunching.decision is not None and self._is_leader(handle):
+        if relaunching.decision is not None and claim_lead(hook, handle, state, int(self.node["rank"])):
             new_state = relaunch(hook, self.sky_task, handle, state, relaunching.decision, self._emit)
             context["ti"].xcom_push(key=RECOVERY_XCOM_KEY, value=new_state.to_dict())
             return new_state

@@ -148,3 +148,11 @@ mkdir -p "$d"
 ( set -C; echo "{int(rank)} {int(exit_code)}" > "$d/failure" ) 2>/dev/null || true
 cat "$d/failure"
 """
+
+
+def claim_command(job_id: str, generation: int) -> str:
+    """Claim the lead of the relaunch to `generation` (mkdir is atomic: exactly one caller prints `won`)."""
+    d = job_dir(job_id)
+    return (
+        f"mkdir -p {d} && if mkdir {d}/lead-{int(generation)} 2>/dev/null; then echo won; else echo lost; fi"
+    )
