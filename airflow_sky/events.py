@@ -29,6 +29,7 @@ class Event:
 Listener = Callable[[Event], None]
 _listeners: list[Listener] = []
 _lock = threading.Lock()
+_lines_published: dict[tuple[Any, ...], int] = {}  # log stream -> how many of its lines went out
 
 
 def subscribe(listener: Listener) -> Callable[[], None]:
@@ -40,6 +41,8 @@ def subscribe(listener: Listener) -> Callable[[], None]:
         with _lock:
             if listener in _listeners:
                 _listeners.remove(listener)
+            if not _listeners:
+                _lines_published.clear()
 
     return unsubscribe
 
@@ -49,3 +52,21 @@ def publish(event: Event) -> None:
         listeners = list(_listeners)
     for listener in listeners:
         listener(event)
+
+
+def has_listeners() -> bool:
+    with _lock:
+        return bool(_listeners)
+
+
+def publish_line(stream: tuple[Any, ...], number: int, event: Event) -> None:
+    """Publish log line `number` (0-based) of `stream` unless it went out already.
+
+    Several followers may read the same node's log (each follower also tails its siblings for the CLI);
+    lines are numbered from the start of the log, so each one reaches the listeners once, in order.
+    """
+    with _lock:
+        if not _listeners or number < _lines_published.get(stream, 0):
+            return
+        _lines_published[stream] = number + 1
+    publish(event)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -62,6 +63,12 @@ class GangFollower:
     sibling_interval_s: float = 2.0
     on_failure: Callable[[int, int], None] | None = None  # (rank, code) of the recorded cause; idempotent
     triage: Triage | None = None  # None: every fault fails the phase (setup)
+    # Live viewers (the CLI): every node line as (rank, line number, prefixed line). Numbers count whole
+    # lines from the start of that rank's log, so a viewer fed by several followers can drop repeats.
+    publish: Callable[[int, int, str], None] | None = None
+    # Also stream the other ranks' logs to `publish`: a sequential runner (dag.test) follows one rank at a
+    # time, and the user must still see every node live, as `sky launch` shows them.
+    tail_siblings: bool = False
 
     @property
     def head(self) -> NodeClient:
@@ -70,11 +77,15 @@ class GangFollower:
     def run(self) -> FollowResult:
         own = self.clients[self.rank]
         prefix = node_prefix(self.rank, None, own.node.internal_ip, self.setup)
+        numbers = itertools.count()
 
         def emit(line: str) -> None:
             self.emit(f"{prefix} {line}")
+            if self.publish is not None:
+                self.publish(self.rank, next(numbers), f"{prefix} {line}")
 
         lines = LineSplitter(emit)
+        siblings = self._sibling_tails() if self.tail_siblings and self.publish is not None else []
         offset = 0
         next_sibling_check = time.monotonic() + self.sibling_interval_s
         unreachable_since: float | None = None
@@ -114,6 +125,8 @@ class GangFollower:
                 if code == 0:
                     return FollowResult(self.rank, 0, tuple(lines.tail))
                 self._fail(self.rank, code, tuple(lines.tail))
+            for sibling in siblings:
+                sibling.poll(self.job_id, self.generation)
             if time.monotonic() >= next_sibling_check:
                 self._check_siblings()
                 next_sibling_check = time.monotonic() + self.sibling_interval_s
@@ -176,6 +189,49 @@ class GangFollower:
 
     def _kill_others(self, exclude: int) -> None:
         kill_ranks(self.clients, self.job_id, self.generation, exclude=exclude)
+
+    def _sibling_tails(self) -> list[_SiblingTail]:
+        assert self.publish is not None
+        return [
+            _SiblingTail(rank, client, self.setup, self.publish)
+            for rank, client in sorted(self.clients.items())
+            if rank != self.rank
+        ]
+
+
+class _SiblingTail:
+    """Streams another rank's log to a live viewer; failures are the sibling check's business, not ours."""
+
+    def __init__(
+        self, rank: int, client: NodeClient, setup: bool, publish: Callable[[int, int, str], None]
+    ) -> None:
+        self.rank = rank
+        self.client = client
+        self.offset = 0
+        self.done = False
+        self._prefix = node_prefix(rank, None, client.node.internal_ip, setup)
+        self._setup = setup
+        self._numbers = itertools.count()
+        self._publish = publish
+        self._lines = LineSplitter(self._emit, keep=0)
+
+    def _emit(self, line: str) -> None:
+        self._publish(self.rank, next(self._numbers), f"{self._prefix} {line}")
+
+    def poll(self, job_id: str, generation: int) -> None:
+        if self.done:
+            return
+        try:
+            poll = jobs.poll_job(self.client, job_id, generation, self.offset)
+        except RemoteError:
+            return  # unreachable for now: the sibling check triages it
+        if poll.pid is not None:
+            self._prefix = node_prefix(self.rank, poll.pid, self.client.node.internal_ip, self._setup)
+        self._lines.feed(poll.data)
+        self.offset = poll.next_offset
+        if poll.missing or (not poll.running and poll.caught_up):
+            self._lines.flush()
+            self.done = True
 
 
 def kill_ranks(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from airflow_sky import events
@@ -126,7 +127,9 @@ class SkyFollowOperator(_PhaseOperator):
                     generation=state.generation,
                     rank=rank,
                     clients=clients,
-                    emit=self._emit,
+                    emit=self._log,
+                    publish=functools.partial(self._publish_node_line, handle, state.generation),
+                    tail_siblings=events.has_listeners(),
                     setup=self.phase == "setup",
                     failed_status=self.failed_status.value,
                     on_failure=functools.partial(self._record_failure, clients[nodes[0].rank], handle),
@@ -205,10 +208,26 @@ class SkyFollowOperator(_PhaseOperator):
 
     # ---- output ------------------------------------------------------------------------------------
 
+    @functools.cached_property
+    def _redact(self) -> Callable[[str], str]:
+        return redactor(self.sky_task.secrets.values())
+
+    def _log(self, line: str) -> None:
+        """Into this task's log: its own node's lines and its own messages."""
+        self.log.info("%s", self._redact(line))
+
     def _emit(self, line: str) -> None:
-        line = redactor(self.sky_task.secrets.values())(line)
-        self.log.info("%s", line)
-        events.publish(events.Event("log", self.step, int(self.node["rank"]), line))
+        self._log(line)
+        events.publish(events.Event("log", self.step, int(self.node["rank"]), self._redact(line)))
+
+    def _publish_node_line(
+        self, handle: JobHandle, generation: int, rank: int, number: int, line: str
+    ) -> None:
+        events.publish_line(
+            (handle.cluster_name, handle.job_id, self.step, generation, rank),
+            number,
+            events.Event("log", self.step, rank, self._redact(line)),
+        )
 
     def _record_failure(self, head: Any, handle: JobHandle, rank: int, code: int) -> None:
         queue.update_record(

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,11 +135,17 @@ def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluste
         text=True,
     )
     assert proc.stdout is not None
+    # Whichever rank the in-process runner follows first, every node's log is shown live; if that broke,
+    # end the job (release it) rather than hang, and fail below with what was printed.
+    watchdog = threading.Timer(180, release.touch)
+    watchdog.start()
     seen = []
     for line in proc.stdout:
         seen.append(line)
         if "started on 0" in line:
             break
+    watchdog.cancel()
+    assert not release.exists(), "rank 0's log never showed up live:\n" + "".join(seen)
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)
     output = "".join(seen) + rest
