@@ -15,6 +15,7 @@ command -v ssh >/dev/null || need_apt+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v ps >/dev/null || need_apt+=(procps)
+command -v unshare >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing system packages: ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

@@ -1,0 +1,151 @@
+"""Run one DAG under a real Airflow (scheduler, dag-processor, triggerer, API server) and report what happened.
+
+Runs inside a private network namespace (see test_real_scheduler.py): `airflow standalone` binds its API
+server and log servers on every interface, and its only interface here is `lo`. The driver brings `lo` up,
+starts the stack, triggers the DAG through the REST API, optionally preempts a local node once a probe
+file says the job is running, waits for the run to end, and writes a JSON report:
+
+    {"state": ..., "task_instances": [...], "xcom": {...}, "startup_s": ..., "run_s": ...}
+
+Usage: stack_driver.py CONFIG.json REPORT.json
+CONFIG: {"home", "dag_id", "xcom_task_id", "preempt": {"cluster", "rank", "probe", "lines"} | null, "timeout_s"}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+API = "http://127.0.0.1:8080"
+
+
+def _stack_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{API}/execution/",
+            "AIRFLOW__API__PORT": "8080",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+        }
+    )
+    env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", None)
+    # standalone starts its components as `airflow ...` from PATH: the one installed next to this Python.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _wait_for(what: str, check: Any, timeout_s: float, stack: subprocess.Popen[bytes], log: Path) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if stack.poll() is not None:
+            raise RuntimeError(f"airflow standalone exited ({stack.returncode}) while waiting for {what}")
+        try:
+            value = check()
+        except httpx.HTTPError:
+            value = None
+        if value:
+            return value
+        time.sleep(1)
+    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}; see {log}")
+
+
+def _preempt_when_running(config: dict[str, Any]) -> bool:
+    """Preempt the configured rank once the probe file has enough lines; True once done."""
+    from airflow_sky.clouds.local import LocalCloud
+
+    probe = Path(config["probe"])
+    if probe.exists() and len(probe.read_text().splitlines()) >= int(config["lines"]):
+        LocalCloud().preempt(config["cluster"], int(config["rank"]))
+        return True
+    return False
+
+
+def main(config_path: str, report_path: str) -> int:
+    config = json.loads(Path(config_path).read_text())
+    home = Path(config["home"])
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    log = home / "standalone.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        stack = subprocess.Popen(
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env=_stack_env(home),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    report: dict[str, Any] = {"log": str(log)}
+    try:
+        client = httpx.Client(base_url=API, timeout=30)
+        token = _wait_for(
+            "the API server", lambda: client.get("/auth/token").json()["access_token"], 240, stack, log
+        )
+        client.headers["Authorization"] = f"Bearer {token}"
+        dag_id = config["dag_id"]
+        _wait_for(
+            f"DAG {dag_id} to be parsed",
+            lambda: client.get(f"/api/v2/dags/{dag_id}").status_code == 200,
+            240,
+            stack,
+            log,
+        )
+        report["startup_s"] = time.monotonic() - started
+        triggered = client.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None})
+        triggered.raise_for_status()
+        run_id = triggered.json()["dag_run_id"]
+        run_started = time.monotonic()
+        preempt = config.get("preempt")
+        deadline = run_started + float(config.get("timeout_s", 420))
+        state = "queued"
+        while time.monotonic() < deadline:
+            state = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            if state in ("success", "failed"):
+                break
+            if preempt and _preempt_when_running(preempt):
+                report["preempted_at_s"] = time.monotonic() - run_started
+                preempt = None
+            time.sleep(0.5)
+        report["state"] = state
+        report["run_s"] = time.monotonic() - run_started
+        tis = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        report["task_instances"] = [
+            {k: ti.get(k) for k in ("task_id", "map_index", "state", "start_date", "end_date", "try_number")}
+            for ti in tis.json()["task_instances"]
+        ]
+        xcom_task = config.get("xcom_task_id")
+        if xcom_task:
+            entry = client.get(
+                f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{xcom_task}/xcomEntries/return_value"
+            )
+            report["xcom"] = entry.json().get("value") if entry.status_code == 200 else None
+    except Exception as e:  # the report carries the failure to the test, with the stack's log
+        report["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        os.killpg(stack.pid, signal.SIGTERM)
+        try:
+            stack.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait()
+        Path(report_path).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,112 @@
+"""A job under a real Airflow: scheduler + dag-processor + triggerer + API server (`airflow standalone`).
+
+`airflow dags test` runs one task instance at a time; a real scheduler runs the mapped follow tasks of
+every rank at once, each in its own worker process. This proves the job's behaviour there: ranks followed
+concurrently, a preempted worker recovered by exactly one leader, the head's return.json reaching a
+downstream task through XCom, nothing left running. The stack runs in a private network namespace
+(`unshare --net`, see stack_driver.py), so its servers are reachable from nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from airflow_sky.local import daemon
+
+DRIVER = Path(__file__).with_name("stack_driver.py")
+CLUSTER = "real-sched"
+
+DAG = """
+from airflow.sdk import DAG, task
+from airflow_sky import Task, job_result, sky_job
+
+job_task = Task(
+    name="realsched",
+    num_nodes=2,
+    envs={{"PROBE": {probe!r}}},
+    setup='sleep 2',
+    run='''
+echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT $(echo "$SKYPILOT_NODE_IPS" | tail -n1)" >> "$PROBE/starts"
+echo "rank $SKYPILOT_NODE_RANK running"
+sleep 12
+mkdir -p "$AIRFLOW_SKY_XCOM_DIR"
+printf '{{"rank": %s, "recoveries": %s}}' "$SKYPILOT_NODE_RANK" "$AIRFLOW_SKY_RECOVERY_COUNT" > "$AIRFLOW_SKY_XCOM_DIR/return.json"
+''',
+)
+
+with DAG("real_scheduler_job", schedule=None) as dag:
+    job = sky_job(job_task, cluster_name={cluster!r})
+
+    @task
+    def evaluate(result):
+        return result
+
+    evaluate(job_result(job))
+"""
+
+
+def _overlap(a: dict[str, str], b: dict[str, str]) -> bool:
+    start = max(datetime.fromisoformat(a["start_date"]), datetime.fromisoformat(b["start_date"]))
+    end = min(datetime.fromisoformat(a["end_date"]), datetime.fromisoformat(b["end_date"]))
+    return start < end
+
+
+def test_real_scheduler_follows_ranks_concurrently_recovers_a_preempted_worker_once_and_hands_off_xcom(
+    tmp_path: Path,
+):
+    assert shutil.which("unshare") and shutil.which("ip"), "needs util-linux unshare and iproute2 (bootstrap)"
+    home = tmp_path / "airflow"
+    (home / "dags").mkdir(parents=True)
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (home / "dags" / "real_scheduler_job.py").write_text(DAG.format(probe=str(probe), cluster=CLUSTER))
+    config = {
+        "home": str(home),
+        "dag_id": "real_scheduler_job",
+        "xcom_task_id": "evaluate",
+        "preempt": {"cluster": CLUSTER, "rank": 1, "probe": str(probe / "starts"), "lines": 2},
+        "timeout_s": 420,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    report_path = tmp_path / "report.json"
+    driver = subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--",
+            sys.executable,
+            str(DRIVER),
+            str(tmp_path / "config.json"),
+            str(report_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = (home / "standalone.log").read_text(errors="replace") if (home / "standalone.log").exists() else ""
+    assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]
+    report = json.loads(report_path.read_text())
+    context = json.dumps(report, indent=1) + "\n" + log[-8000:]
+    assert "error" not in report, context
+    assert report["state"] == "success", context
+    tis = {(ti["task_id"], ti["map_index"]): ti for ti in report["task_instances"]}
+    assert all(ti["state"] == "success" for ti in tis.values()), context
+
+    # The scheduler ran both ranks' follow tasks at the same time, each in its own worker.
+    follow = [tis[("realsched.run_follow", rank)] for rank in (0, 1)]
+    assert _overlap(*follow), context
+
+    # One recovery, led once: each rank started exactly once per generation, rank 1 on a new node.
+    starts = [line.split() for line in (probe / "starts").read_text().splitlines()]
+    assert sorted((s[1], s[0]) for s in starts) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], starts
+    worker_ip = {s[1]: s[2] for s in starts}
+    assert worker_ip["0"] != worker_ip["1"], starts
+
+    # The head's return.json reached the downstream task.
+    assert report["xcom"] in ({"rank": 0, "recoveries": 1}, json.dumps({"rank": 0, "recoveries": 1})), context
+    assert daemon.processes_with_marker(CLUSTER) == []
