@@ -165,7 +165,8 @@ class GangFollower:
                 self._fail(rank, int(state.exit_code), ())
 
     def _fail(self, rank: int, code: int, tail: tuple[str, ...]) -> None:
-        if self.triage is not None:
+        # A cancelled job's ranks exit non-zero too; that must never count as a fault to restart on.
+        if self.triage is not None and not self._cancelled():
             self._triage(rank, code, fail_anyway=False)
         cause_rank, cause_code = jobs.record_failure(self.head, self.job_id, self.generation, rank, code)
         self._kill_others(exclude=cause_rank)
@@ -186,6 +187,13 @@ class GangFollower:
             rank=cause_rank,
             exit_code=KILLED_EXIT_CODE,
         )
+
+    def _cancelled(self) -> bool:
+        try:
+            recorded = jobs.recorded_failure(self.head, self.job_id, self.generation)
+        except (RemoteError, OSError):
+            return False
+        return recorded is not None and recorded[0] == CANCELLED_RANK
 
     def _kill_others(self, exclude: int) -> None:
         kill_ranks(self.clients, self.job_id, self.generation, exclude=exclude)

@@ -1,8 +1,9 @@
 """Start, find and stop the processes of local nodes.
 
 Every process of a node (its SSH server and everything started through it, detached jobs included)
-carries NODE_MARKER_ENV=<cluster>/<instance_id> in its environment, so stopping a node finds all of
-them even after `setsid` moved them out of the server's session.
+carries NODE_MARKER_ENV=<cluster>/<instance_id> and NODE_ROOT_ENV=<state root> in its environment, so
+stopping a node finds all of them even after `setsid` moved them out of the server's session, and only
+those of this state root.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def spawn_server(node_dir: Path, node_marker: str) -> int:
     """Start a node's SSH server detached from the caller (it outlives the Airflow task that started it)."""
     env = dict(os.environ)
     env[layout.NODE_MARKER_ENV] = node_marker
+    env[layout.NODE_ROOT_ENV] = layout.root_id()
     # The node runs commands with the caller's PATH: make sure this interpreter's bin dir (torchrun, rsync
     # wrappers of a venv) is on it even when the caller did not activate the venv.
     bin_dir = str(Path(sys.executable).parent)
@@ -75,14 +77,20 @@ def wait_ready(node_dirs: Iterable[Path], timeout_s: float = 30.0) -> dict[Path,
 
 
 def processes_with_marker(prefix: str) -> list[psutil.Process]:
-    """Processes whose node marker equals `prefix` or starts with `prefix/` (a cluster or one instance)."""
+    """This root's processes whose node marker is `prefix` or starts with `prefix/` (a cluster or one instance)."""
     found = []
+    root_id = layout.root_id()
     for proc in psutil.process_iter():
         try:
-            value = proc.environ().get(layout.NODE_MARKER_ENV)
+            environ = proc.environ()
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
             continue
-        if value is not None and (value == prefix or value.startswith(prefix + "/")):
+        value = environ.get(layout.NODE_MARKER_ENV)
+        if (
+            value is not None
+            and (value == prefix or value.startswith(prefix + "/"))
+            and environ.get(layout.NODE_ROOT_ENV) == root_id
+        ):
             found.append(proc)
     return found
 
@@ -122,6 +130,10 @@ def server_alive(node_dir: Path, node_marker: str) -> bool:
         proc = psutil.Process(int(ready["pid"]))
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return proc.environ().get(layout.NODE_MARKER_ENV) == node_marker
+        environ = proc.environ()
+        return (
+            environ.get(layout.NODE_MARKER_ENV) == node_marker
+            and environ.get(layout.NODE_ROOT_ENV) == layout.root_id()
+        )
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False

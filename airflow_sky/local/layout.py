@@ -29,6 +29,9 @@ from airflow_sky.paths import sky_home
 ROOT_ENV = "AIRFLOW_SKY_LOCAL_ROOT"
 # Set in the environment of every process of a node, so that teardown finds all of them (like a cgroup).
 NODE_MARKER_ENV = "AIRFLOW_SKY_LOCAL_NODE"
+# ... together with the state root it belongs to: two roots on one machine (two users, two test runs) may
+# both have a cluster called `train`, and stopping one must never touch the other's processes.
+NODE_ROOT_ENV = "AIRFLOW_SKY_LOCAL_NODE_ROOT"
 DEFAULT_SSH_PORT_ENV = "AIRFLOW_SKY_LOCAL_SSH_PORT"
 DEFAULT_SSH_PORT = 2222
 CLUSTER_KEY = "id_ed25519"
@@ -42,6 +45,11 @@ STATE_TERMINATED = "terminated"
 def root() -> Path:
     configured = os.environ.get(ROOT_ENV)
     return Path(configured) if configured else sky_home() / "local"
+
+
+def root_id() -> str:
+    """The value of NODE_ROOT_ENV for nodes of this root."""
+    return str(root().resolve())
 
 
 def cluster_dir(cluster_name: str) -> Path:

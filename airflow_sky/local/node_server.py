@@ -51,6 +51,7 @@ def _command_env(home: Path, marker: str, base_env: dict[str, str], extra: dict[
             "PWD": str(home),
             "SHELL": "/bin/bash",
             layout.NODE_MARKER_ENV: marker,
+            layout.NODE_ROOT_ENV: base_env.get(layout.NODE_ROOT_ENV, ""),
         }
     )
     return env

@@ -139,6 +139,13 @@ def read_xcom(client: NodeClient, job_id: str, name: str = "return.json") -> byt
     return client.read_file(f"{shell.JOBS_DIR}/{shell.validate_job_id(job_id)}/xcom/{name}")
 
 
+def recorded_failure(head: NodeClient, job_id: str, generation: int) -> tuple[int, int] | None:
+    """The (rank, exit code) recorded as the phase's first failure (see record_failure), or None."""
+    raw = head.read_file(f"{shell.JOBS_DIR}/{shell.validate_job_id(job_id)}/gen-{int(generation)}/failure")
+    words = raw.decode().split() if raw else []
+    return (int(words[0]), int(words[1])) if len(words) == 2 else None
+
+
 def record_failure(
     head: NodeClient, job_id: str, generation: int, rank: int, exit_code: int
 ) -> tuple[int, int]:

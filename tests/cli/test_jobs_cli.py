@@ -42,6 +42,15 @@ run: |
   echo "sleeping on $SKYPILOT_NODE_RANK"
   sleep 3600
 """
+RESTARTS = """\
+name: restarts
+num_nodes: 2
+resources:
+  job_recovery: {max_restarts_on_errors: 2}
+run: |
+  echo "up on $SKYPILOT_NODE_RANK gen $AIRFLOW_SKY_RECOVERY_COUNT"
+  sleep 3600
+"""
 SHORT = """\
 name: short
 num_nodes: 2
@@ -73,6 +82,7 @@ def yamls(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "fails": FAILS,
         "sleeper": SLEEPER,
         "short": SHORT,
+        "restarts": RESTARTS,
     }.items():
         (folder / f"{name}.yaml").write_text(text)
     return folder
@@ -123,6 +133,41 @@ def test_cancel_of_a_sleeping_job_leaves_no_process_on_any_node(env, yamls, kept
         p for p in daemon.processes_with_marker(kept_cluster) if p.is_running() and p.name() == "sleep"
     ] == []
     assert "CANCELLED" in cli(env, "logs", "--status", kept_cluster, job_id).stdout
+
+
+def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, yamls, kept_cluster):
+    proc = subprocess.Popen(
+        [*CLI, "exec", kept_cluster, str(yamls / "restarts.yaml")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if sum("up on" in s for s in seen) == 2:
+            break
+    job_id = "".join(seen).split("Job ", 1)[1].split()[0]
+    cancelled = cli(env, "cancel", kept_cluster, job_id)
+    try:
+        rest, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rest = proc.communicate()[0] + "\n[still running 120 s after the cancel: killed]"
+    watchdog.cancel()
+    output = "".join(seen) + rest
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert proc.returncode == 1, output
+    assert "cancelled (airflow-sky cancel)" in output
+    assert "gen 1" not in output and "RESTART" not in output, output  # no relaunch after the cancel
+    assert "CANCELLED" in cli(env, "logs", "--status", kept_cluster, job_id).stdout
+    assert [
+        p for p in daemon.processes_with_marker(kept_cluster) if p.is_running() and p.name() == "sleep"
+    ] == []
 
 
 def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluster, tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from airflow_sky.clouds.base import NodeStatus
+from airflow_sky.clouds.base import NodeStatus, ProvisionRequest
 from airflow_sky.clouds.local import LocalCloud
-from airflow_sky.local import daemon
+from airflow_sky.local import daemon, layout
 from airflow_sky.remote import NodeClient
 
 
@@ -99,3 +99,23 @@ def test_preempt_of_unknown_rank_is_a_one_line_error(local_cluster):
     )
     assert result.returncode == 1
     assert "has no node of rank 5" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_clusters_of_the_same_name_in_two_state_roots_never_touch_each_other(tmp_path, monkeypatch):
+    cloud = LocalCloud()
+    monkeypatch.setenv(layout.ROOT_ENV, str(tmp_path / "alice"))
+    alice = cloud.provision(ProvisionRequest(cluster_name="twin", num_nodes=1))
+    try:
+        monkeypatch.setenv(layout.ROOT_ENV, str(tmp_path / "bob"))
+        cloud.provision(ProvisionRequest(cluster_name="twin", num_nodes=1))
+        assert len(daemon.processes_with_marker("twin")) == 1
+        cloud.terminate("twin")  # bob's
+        assert daemon.processes_with_marker("twin") == []
+        monkeypatch.setenv(layout.ROOT_ENV, str(tmp_path / "alice"))
+        assert [n.status for n in cloud.nodes("twin")] == [NodeStatus.RUNNING]
+        with NodeClient(alice[0], cloud.ssh_private_key("twin")) as client:
+            assert client.exec("echo still here")[1].strip() == b"still here"
+    finally:
+        monkeypatch.setenv(layout.ROOT_ENV, str(tmp_path / "alice"))
+        cloud.terminate("twin")
+    assert daemon.processes_with_marker("twin") == []
