@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -135,22 +135,35 @@ def test_cancel_of_a_sleeping_job_leaves_no_process_on_any_node(env, yamls, kept
     assert "CANCELLED" in cli(env, "logs", "--status", kept_cluster, job_id).stdout
 
 
-def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, yamls, kept_cluster):
+def exec_until(
+    env: dict[str, str],
+    args: list[str],
+    done: Callable[[list[str]], bool],
+    on_stuck: Callable[[subprocess.Popen[str]], object],
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start `airflow-sky exec ARGS` and read its output until done(lines); on_stuck(proc) after 180 s."""
     proc = subprocess.Popen(
-        [*CLI, "exec", kept_cluster, str(yamls / "restarts.yaml")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [*CLI, "exec", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
-    watchdog = threading.Timer(300, proc.kill)
+    watchdog = threading.Timer(180, on_stuck, args=(proc,))
     watchdog.start()
-    seen = []
+    seen: list[str] = []
     for line in proc.stdout:
         seen.append(line)
-        if sum("up on" in s for s in seen) == 2:
+        if done(seen):
             break
+    watchdog.cancel()
+    return proc, seen
+
+
+def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, yamls, kept_cluster):
+    proc, seen = exec_until(
+        env,
+        [kept_cluster, str(yamls / "restarts.yaml")],
+        done=lambda lines: sum("up on" in line for line in lines) == 2,
+        on_stuck=lambda stuck: stuck.kill(),
+    )
     job_id = "".join(seen).split("Job ", 1)[1].split()[0]
     cancelled = cli(env, "cancel", kept_cluster, job_id)
     try:
@@ -158,7 +171,6 @@ def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, y
     except subprocess.TimeoutExpired:
         proc.kill()
         rest = proc.communicate()[0] + "\n[still running 120 s after the cancel: killed]"
-    watchdog.cancel()
     output = "".join(seen) + rest
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert proc.returncode == 1, output
@@ -172,24 +184,14 @@ def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, y
 
 def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluster, tmp_path):
     release = tmp_path / "release"
-    proc = subprocess.Popen(
-        [*CLI, "exec", kept_cluster, str(yamls / "short.yaml"), "--env", f"RELEASE={release}"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
     # Whichever rank the in-process runner follows first, every node's log is shown live; if that broke,
     # end the job (release it) rather than hang, and fail below with what was printed.
-    watchdog = threading.Timer(180, release.touch)
-    watchdog.start()
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "started on 0" in line:
-            break
-    watchdog.cancel()
+    proc, seen = exec_until(
+        env,
+        [kept_cluster, str(yamls / "short.yaml"), "--env", f"RELEASE={release}"],
+        done=lambda lines: "started on 0" in lines[-1],
+        on_stuck=lambda _: release.touch(),
+    )
     assert not release.exists(), "rank 0's log never showed up live:\n" + "".join(seen)
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)
