@@ -49,6 +49,7 @@ def sky_job(
     artifacts_from: str = "head",
     aws_conn_id: str | None = None,
     gcp_conn_id: str | None = None,
+    deferrable: bool | None = None,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
@@ -63,6 +64,8 @@ def sky_job(
     :param must_exist: only use a cluster that is already up (never provision).
     :param follow_run: False ends the group once every rank's run started (`--detach-run`): no run_follow,
         collect or teardown; the job keeps running on the kept cluster.
+    :param deferrable: the setup and run follow tasks wait in the triggerer while their node runs, holding
+        no worker slot (default: `[operators] default_deferrable`).
     """
     if not follow_run and down:
         raise SpecError(
@@ -76,6 +79,7 @@ def sky_job(
     infra = infra or task.resources.infra or "local"
     group_id = group_id or _group_id(task)
     common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
+    follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
 
     with TaskGroup(group_id=group_id) as group:
         provision = SkyProvisionOperator(
@@ -103,7 +107,9 @@ def sky_job(
         run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
         if setup:
             setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
-            setup_follow = per_node(SkyFollowOperator, "setup_follow", every_node, phase="setup")
+            setup_follow = per_node(
+                SkyFollowOperator, "setup_follow", every_node, phase="setup", **follow_options
+            )
             provision >> sync >> setup_start >> setup_follow >> launch
         else:
             provision >> sync >> launch
@@ -111,7 +117,12 @@ def sky_job(
             launch >> run_start
             return group
         run_follow = per_node(
-            SkyFollowOperator, "run_follow", launch.output, phase="run", max_recoveries=max_recoveries
+            SkyFollowOperator,
+            "run_follow",
+            launch.output,
+            phase="run",
+            max_recoveries=max_recoveries,
+            **follow_options,
         )
         collect = SkyCollectOperator(
             task_id="collect",

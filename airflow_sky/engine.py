@@ -22,6 +22,7 @@ from airflow_sky.errors import SkyError
 from airflow_sky.job import JobHandle, sanitize_cluster_name
 from airflow_sky.paths import sky_home
 from airflow_sky.spec import Task
+from airflow_sky.templating import keep_literal
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
 
@@ -122,7 +123,8 @@ def dag_from_spec_file(spec_path: str) -> Any:
 
     spec = json.loads(Path(spec_path).read_text())
     options = LaunchOptions(**spec["options"])
-    task = Task.from_dict(spec["task"], base_dir=spec["base_dir"])
+    # A SkyPilot task as written: `{{ }}` in a script is the script's business, not a template.
+    task = keep_literal(Task.from_dict(spec["task"], base_dir=spec["base_dir"]))
     with DAG(spec["dag_id"], schedule=None, catchup=False, tags=["airflow-sky", "launch"]) as dag:
         sky_job(
             task,
@@ -133,6 +135,8 @@ def dag_from_spec_file(spec_path: str) -> Any:
             must_exist=options.must_exist,
             follow_run=options.follow,
             group_id="job",
+            # The CLI prints every node's log as the follow tasks read it; waiting in a trigger would not.
+            deferrable=False,
         )
     return dag
 

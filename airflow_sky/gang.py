@@ -44,8 +44,13 @@ class Relaunch(Exception):
 @dataclasses.dataclass(frozen=True)
 class FollowResult:
     rank: int
-    exit_code: int
+    exit_code: int | None  # None: still running (a follower that returns when quiet, see `until_quiet`)
     tail: tuple[str, ...]
+    offset: int = 0  # the end of the last whole line read: where a later follower goes on
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
 
 
 @dataclasses.dataclass
@@ -69,6 +74,11 @@ class GangFollower:
     # Also stream the other ranks' logs to `publish`: a sequential runner (dag.test) follows one rank at a
     # time, and the user must still see every node live, as `sky launch` shows them.
     tail_siblings: bool = False
+    start_offset: int = 0  # go on from here in the rank's log (a line boundary)
+    # Return (exit_code None) once the rank runs with its log read and its siblings checked, instead of
+    # waiting for the end: a deferrable task then waits in the triggerer.
+    until_quiet: bool = False
+    _sibling_unreachable_since: dict[int, float] = dataclasses.field(default_factory=dict, init=False)
 
     @property
     def head(self) -> NodeClient:
@@ -86,7 +96,7 @@ class GangFollower:
 
         lines = LineSplitter(emit)
         siblings = self._sibling_tails() if self.tail_siblings and self.publish is not None else []
-        offset = 0
+        offset = self.start_offset
         next_sibling_check = time.monotonic() + self.sibling_interval_s
         unreachable_since: float | None = None
         while True:
@@ -122,11 +132,14 @@ class GangFollower:
                         rank=self.rank,
                     )
                 code = int(poll.exit_code or 0)
-                if code == 0:
-                    return FollowResult(self.rank, 0, tuple(lines.tail))
-                self._fail(self.rank, code, tuple(lines.tail))
+                if code != 0:
+                    self._fail(self.rank, code, tuple(lines.tail))
+                return self._wait_for_siblings(tuple(lines.tail), offset, siblings)
             for sibling in siblings:
                 sibling.poll(self.job_id, self.generation)
+            if self.until_quiet and poll.caught_up:
+                self._check_siblings()
+                return FollowResult(self.rank, None, tuple(lines.tail), offset - lines.pending_bytes)
             if time.monotonic() >= next_sibling_check:
                 self._check_siblings()
                 next_sibling_check = time.monotonic() + self.sibling_interval_s
@@ -145,24 +158,59 @@ class GangFollower:
         if fail_anyway or code is None:
             raise JobFailed(f"rank {rank}: {decision.reason}", status=self.failed_status, rank=rank)
 
-    def _check_siblings(self) -> None:
+    def _wait_for_siblings(
+        self, tail: tuple[str, ...], offset: int, siblings: list[_SiblingTail]
+    ) -> FollowResult:
+        """This rank succeeded; the phase succeeds when every rank has. Until then a sibling's fault (a
+        lost node above all) still concerns this rank: a recovery relaunches every rank, this one too."""
+        next_check = 0.0
+        while True:
+            for sibling in siblings:
+                sibling.poll(self.job_id, self.generation)
+            if time.monotonic() >= next_check:
+                if self._check_siblings(own_done=True):
+                    return FollowResult(self.rank, 0, tail, offset)
+                if self.until_quiet:
+                    return FollowResult(self.rank, None, tail, offset)  # the trigger waits for the others
+                next_check = time.monotonic() + self.sibling_interval_s
+            time.sleep(self.poll_interval_s)
+
+    def _check_siblings(self, own_done: bool = False) -> bool:
+        """Act on a failed or lost sibling (raise); return whether every sibling has exited 0."""
+        all_done = True
         for rank, client in self.clients.items():
             if rank == self.rank:
                 continue
             try:
                 state = jobs.poll_job(client, self.job_id, self.generation, 0, max_bytes=0)
+                self._sibling_unreachable_since.pop(rank, None)
             except RemoteError:
+                all_done = False
                 if self.triage is not None:
                     decision = self.triage(rank, None)
                     if decision is None or decision.action is not Action.FAIL:
                         raise Relaunch(decision, rank, None) from None
+                since = self._sibling_unreachable_since.setdefault(rank, time.monotonic())
+                if time.monotonic() - since > _MAX_UNREACHABLE_S:
+                    raise JobFailed(
+                        f"rank {rank}: node unreachable", status=self.failed_status, rank=rank
+                    ) from None
                 continue  # a blip, or the sibling's own follower will report it
+            all_done = all_done and state.exit_code == 0
             if state.lost and self.triage is not None:
                 decision = self.triage(rank, None)
                 if decision is None or decision.action is not Action.FAIL:
                     raise Relaunch(decision, rank, None)
+            if own_done and (state.lost or state.missing):
+                # While this rank runs, the sibling's own follower reports it; a finished rank must not wait.
+                raise JobFailed(
+                    f"rank {rank}: the job's processes disappeared without an exit code",
+                    status=self.failed_status,
+                    rank=rank,
+                )
             if state.exit_code not in (None, 0):
                 self._fail(rank, int(state.exit_code), ())
+        return all_done
 
     def _fail(self, rank: int, code: int, tail: tuple[str, ...]) -> None:
         # A cancelled job's ranks exit non-zero too; that must never count as a fault to restart on.

@@ -31,6 +31,11 @@ class LineSplitter:
         self._partial = lines.pop()
         self._emit_all(lines)
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes fed but not emitted yet (an unfinished last line)."""
+        return len(self._partial)
+
     def flush(self) -> None:
         if self._partial:
             self._emit_all([self._partial])

@@ -16,6 +16,7 @@ from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.job import JobHandle
 from airflow_sky.recovery import RECOVERY_XCOM_KEY, latest_announced
 from airflow_sky.spec import Task
+from airflow_sky.templating import protect_shell_syntax
 
 # Mapped per-node tasks show up in the UI as e.g. "rank 1 · 127.0.0.3".
 NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['internal_ip'] }}"
@@ -87,6 +88,8 @@ class SkyBaseOperator(BaseOperator):
         # Secrets are registered before and after rendering, so neither the literal nor the rendered value
         # reaches a log or the rendered-template view.
         self.mask_secrets()
+        self.sky_task.setup = protect_shell_syntax(self.sky_task.setup)
+        self.sky_task.run = protect_shell_syntax(self.sky_task.run)
         super().render_template_fields(context, jinja_env)
         self.mask_secrets()
 

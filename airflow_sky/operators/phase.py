@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from airflow.sdk import conf
+
 from airflow_sky import events
-from airflow_sky.errors import JobFailed
+from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower, Relaunch
 from airflow_sky.job import JobHandle, Phase
 from airflow_sky.logs import redactor
@@ -30,6 +32,7 @@ from airflow_sky.recovery import (
 from airflow_sky.relaunch import RECOVERY_COUNT_ENV, claim_lead, current_nodes, relaunch, unhealthy_ranks
 from airflow_sky.remote import jobs, queue
 from airflow_sky.remote.shell import JOBS_DIR
+from airflow_sky.triggers import SkyFollowTrigger
 
 _WAIT_FOR_LEADER_S = 1800.0
 
@@ -71,12 +74,23 @@ class SkyStartOperator(_PhaseOperator):
         env = hook.phase_env(self.sky_task, handle, self.phase, rank).env
         if self.phase == "run":
             env[RECOVERY_COUNT_ENV] = str(handle.generation)
-        with hook.client(handle.node(rank)) as client:
-            if self.phase == "setup" and rank == handle.nodes[0].rank:
-                queue.update_record(client, handle.job_id, status=queue.JobStatus.SETTING_UP)
-            start = jobs.start_job(
-                client, handle.remote_job_id(self.phase), self.script, env, handle.generation
+        try:
+            with hook.client(handle.node(rank)) as client:
+                if self.phase == "setup" and rank == handle.nodes[0].rank:
+                    queue.update_record(client, handle.job_id, status=queue.JobStatus.SETTING_UP)
+                start = jobs.start_job(
+                    client, handle.remote_job_id(self.phase), self.script, env, handle.generation
+                )
+        except RemoteError:
+            if self.phase != "run" or rank not in unhealthy_ranks(hook, [handle.node(rank)]):
+                raise
+            # Preempted between provisioning and now: recovering is the run follow tasks' job.
+            self.log.warning(
+                "The node of rank %d is gone (%s): the run follow tasks will recover the job",
+                rank,
+                handle.node(rank).internal_ip,
             )
+            return {"rank": rank, "pid": None, "started": False, "lost": True}
         self.log.info(
             "%s %s on rank %d (pid %s)",
             "Started" if start.started else "Attached to",
@@ -97,29 +111,47 @@ class SkyFollowOperator(_PhaseOperator):
     $AIRFLOW_SKY_XCOM_DIR/return.json on its node (None when absent) in the run phase.
 
     :param max_recoveries: relaunches allowed for lost nodes and recover_on_exit_codes (default 3).
+    :param deferrable: wait in the triggerer while the rank runs (airflow_sky.triggers.SkyFollowTrigger),
+        holding no worker slot; the task resumes on a worker only to act on an ending, a failure or a lost
+        node. Default: `[operators] default_deferrable`.
     """
 
     ui_color = "#b3e5fc"
 
-    def __init__(self, *, max_recoveries: int = DEFAULT_MAX_RECOVERIES, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.max_recoveries = max_recoveries
+        self.deferrable = deferrable
 
     def execute(self, context: Any) -> Any:
         self.mask_secrets()
-        handle = self.handle()
-        rank = int(self.node["rank"])
         if self.script is None:
             return None
-        hook = self.hook(handle)
+        handle = self.handle()
+        return self._follow(context, handle, self._announced_state(context, handle), offset=0)
+
+    def resume(self, context: Any, event: dict[str, Any]) -> Any:
+        """Back from the triggerer: something happened (or the trigger moved); act on it, or defer again."""
+        self.mask_secrets()
+        handle = self.handle()
         state = self._announced_state(context, handle)
+        self.log.info("Resumed: %s", event.get("reason", "the trigger fired"))
+        # A newer generation than the trigger's was announced: its log starts at 0.
+        offset = int(event.get("offset", 0)) if int(event.get("generation", -1)) == state.generation else 0
+        return self._follow(context, handle, state, offset)
+
+    def _follow(self, context: Any, handle: JobHandle, state: RecoveryState, offset: int) -> Any:
+        rank = int(self.node["rank"])
+        hook = self.hook(handle)
         while True:
-            nodes = [
-                n
-                for n in current_nodes(handle, state)
-                if n in handle.phase_nodes(self.phase) or self.phase == "run"
-            ]
-            nodes = [n for n in nodes if n.rank in {p.rank for p in handle.phase_nodes(self.phase)}]
+            phase_ranks = {p.rank for p in handle.phase_nodes(self.phase)}
+            nodes = [n for n in current_nodes(handle, state) if n.rank in phase_ranks]
             self._following = (hook, nodes, state.generation)
             with hook.clients(nodes) as clients:
                 follower = GangFollower(
@@ -134,21 +166,44 @@ class SkyFollowOperator(_PhaseOperator):
                     failed_status=self.failed_status.value,
                     on_failure=functools.partial(self._record_failure, clients[nodes[0].rank], handle),
                     triage=self._triage(context, hook, handle, state, nodes) if self.phase == "run" else None,
+                    start_offset=offset,
+                    until_quiet=self.deferrable,
                 )
                 try:
-                    follower.run()
+                    result = follower.run()
                 except Relaunch as relaunching:
                     state = self._next_generation(context, hook, handle, state, relaunching)
+                    offset = 0
                     continue
                 except JobFailed as e:
                     self.log.error("%s: %s", e.status, e)
                     code = e.exit_code if e.rank == rank or e.exit_code == KILLED_EXIT_CODE else None
                     events.publish(events.Event("exit", self.step, rank, str(e), exit_code=code))
                     raise
+                if result.running:
+                    self._defer(handle, nodes, state, result.offset)
                 events.publish(events.Event("exit", self.step, rank, exit_code=0))
                 if self.phase == "run":
                     return self._return_value(clients[rank], handle, rank)
             return None
+
+    def _defer(self, handle: JobHandle, nodes: list[Any], state: RecoveryState, offset: int) -> None:
+        self.log.info("Rank %s is running: waiting in the triggerer (no worker slot held)", self.node["rank"])
+        self.defer(
+            trigger=SkyFollowTrigger(
+                cluster_name=handle.cluster_name,
+                infra=handle.infra,
+                conn_id=self.conn_id,
+                nodes=[n.to_dict() for n in nodes],
+                rank=int(self.node["rank"]),
+                job_id=handle.remote_job_id(self.phase),
+                generation=state.generation,
+                offset=offset,
+                setup=self.phase == "setup",
+                secrets=dict(self.sky_task.secrets),
+            ),
+            method_name="resume",
+        )
 
     def on_kill(self) -> None:
         """The task was killed (or its run marked failed): stop this rank's processes on its node."""

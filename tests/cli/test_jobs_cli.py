@@ -30,6 +30,8 @@ num_nodes: 2
 run: |
   echo "nodes=$SKYPILOT_NUM_NODES"
   echo "ips=$(echo "$SKYPILOT_NODE_IPS" | tr '\\n' ' ')"
+  # A SkyPilot task, not a template: Go-template braces and bash lengths reach the node as written.
+  NAME=abc; echo "literal={{.Names}} len=${#NAME}"
 """
 FAILS = """\
 name: fails
@@ -105,6 +107,7 @@ def test_exec_jobs_get_increasing_ids_and_statuses_match_exit_codes(env, yamls, 
     two = cli(env, "exec", kept_cluster, str(yamls / "two.yaml"))
     assert two.returncode == 0, two.stdout + two.stderr
     assert "nodes=2" in two.stdout
+    assert "literal={{.Names}} len=3" in two.stdout
     ips = next(line for line in two.stdout.splitlines() if "ips=" in line).split("ips=")[1].split()
     assert len(ips) == 2 and len(set(ips)) == 2
     fails = cli(env, "exec", kept_cluster, str(yamls / "fails.yaml"))

@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from airflow_sky.clouds.local import LocalCloud
 from airflow_sky.local import daemon, layout
 
@@ -140,4 +142,48 @@ task = Task(
     assert by_generation["1"]["0"][2] != by_generation["0"]["0"][2]  # the head has a new address
     assert len({s[3] for s in starts}) == 1  # same SKYPILOT_TASK_ID across the recovery
     assert "RECOVER: node(s) of rank 0 lost" in result.output
+    assert daemon.processes_with_marker(cluster) == []
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_a_rank_that_finished_joins_the_recovery_when_a_sibling_is_lost_before_the_phase_ends(
+    run_dag, tmp_path, deferrable
+):
+    cluster = f"late-loss-{int(deferrable)}"
+    dag_id = f"late_loss_{int(deferrable)}"
+    source = f"""
+from airflow.sdk import DAG, task
+from airflow_sky import Task, job_result, sky_job
+
+job = Task(
+    name="lateloss",
+    num_nodes=2,
+    envs={{"PROBE": {str(tmp_path)!r}}},
+    run='''
+echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> "$PROBE/starts"
+if [ "$SKYPILOT_NODE_RANK" = 1 ] && [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 3600; fi
+printf '{{"rank": %s, "recoveries": %s}}' "$SKYPILOT_NODE_RANK" "$AIRFLOW_SKY_RECOVERY_COUNT" > "$AIRFLOW_SKY_XCOM_DIR/return.json"
+touch "$PROBE/done-$SKYPILOT_NODE_RANK-$AIRFLOW_SKY_RECOVERY_COUNT"
+''',
+)
+with DAG({dag_id!r}, schedule=None) as dag:
+    group = sky_job(job, cluster_name={cluster!r}, deferrable={deferrable!r})
+
+    @task
+    def record(result):
+        import json
+        open({str(tmp_path / "result.json")!r}, "w").write(json.dumps(result))
+
+    record(job_result(group))
+"""
+    # Rank 0 has finished generation 0 when rank 1's node goes: the job has not, so both ranks rerun.
+    preempter = _preempt_when(cluster, 1, lambda: (tmp_path / "done-0-0").exists())
+    result = run_dag(dag_id, source)
+    preempter.join(timeout=1)
+    assert result.returncode == 0, result.output[-6000:]
+    # Rank 1's node may go before its generation 0 started (its run_start then leaves it to recovery).
+    starts = (tmp_path / "starts").read_text().split("\n")[:-1]
+    assert {"0 0", "0 1", "1 1"} <= set(starts) <= {"0 0", "0 1", "1 0", "1 1"}, starts
+    assert len(starts) == len(set(starts)), starts  # nothing started twice
+    assert json.loads((tmp_path / "result.json").read_text()) == {"rank": 0, "recoveries": 1}
     assert daemon.processes_with_marker(cluster) == []

@@ -17,7 +17,7 @@ task = Task(
     num_nodes=2,
     envs={{"DAY": "{{{{ ds }}}}", "RUN": "{{{{ run_id }}}}", "LITERAL": "$HOME and ${{HOME}}", "PROBE": {str(tmp_path)!r}}},
     secrets={{"TOKEN": {SECRET!r}}},
-    run='echo "day=$DAY token=$TOKEN literal=$LITERAL"; echo "{{{{ dag.dag_id }}}}" > "$PROBE/rendered-$SKYPILOT_NODE_RANK"; '
+    run='echo "day=$DAY token=$TOKEN literal=$LITERAL"; ARR=(a b c); echo "${{#ARR[@]}}" > "$PROBE/len-$SKYPILOT_NODE_RANK"; echo "{{{{ dag.dag_id }}}}" > "$PROBE/rendered-$SKYPILOT_NODE_RANK"; '
         'python3 -c "import json, os; json.dump({{k: os.environ[k] for k in (\\'DAY\\', \\'LITERAL\\', \\'TOKEN\\')}}, '
         'open(os.environ[\\'PROBE\\'] + \\'/env-\\' + os.environ[\\'SKYPILOT_NODE_RANK\\'], \\'w\\'))"',
 )
@@ -32,5 +32,6 @@ with DAG("templated", schedule=None) as dag:
         assert env["LITERAL"] == "$HOME and ${HOME}"  # shell variables are not Jinja's
         assert env["TOKEN"] == SECRET  # the node gets the real value...
         assert (tmp_path / f"rendered-{rank}").read_text().strip() == "templated"
+        assert (tmp_path / f"len-{rank}").read_text().strip() == "3"  # ${#ARR[@]} is bash's, not Jinja's
     assert "day=" in result.output
     assert SECRET not in result.output  # ...the logs never do

@@ -5,10 +5,12 @@ server and log servers on every interface, and its only interface here is `lo`. 
 starts the stack, triggers the DAG through the REST API, optionally preempts a local node once a probe
 file says the job is running, waits for the run to end, and writes a JSON report:
 
-    {"state": ..., "task_instances": [...], "xcom": {...}, "startup_s": ..., "run_s": ...}
+    {"state": ..., "task_instances": [...], "seen_states": [[task_id, state], ...], "xcom": {...},
+     "startup_s": ..., "run_s": ...}
 
 Usage: stack_driver.py CONFIG.json REPORT.json
-CONFIG: {"home", "dag_id", "xcom_task_id", "preempt": {"cluster", "rank", "probe", "lines"} | null, "timeout_s"}
+CONFIG: {"home", "dag_id", "xcom_task_id", "timeout_s",
+         "preempt": {"cluster", "rank", "probe", "lines", "after_deferred": task_id | null} | null}
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ def _preempt_when_running(config: dict[str, Any]) -> bool:
     return False
 
 
+def _all_deferred(tis: list[dict[str, Any]], task_id: str | None) -> bool:
+    """True when every mapped instance of `task_id` waits in the triggerer (or no task_id is given)."""
+    if task_id is None:
+        return True
+    states = [ti["state"] for ti in tis if ti["task_id"] == task_id]
+    return bool(states) and all(state == "deferred" for state in states)
+
+
 def main(config_path: str, report_path: str) -> int:
     config = json.loads(Path(config_path).read_text())
     home = Path(config["home"])
@@ -113,15 +123,26 @@ def main(config_path: str, report_path: str) -> int:
         preempt = config.get("preempt")
         deadline = run_started + float(config.get("timeout_s", 420))
         state = "queued"
+        seen_states: set[tuple[str, str]] = set()  # (task_id, state) sampled while the run went on
         while time.monotonic() < deadline:
             state = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
             if state in ("success", "failed"):
                 break
-            if preempt and _preempt_when_running(preempt):
+            sample = client.get(
+                f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100}
+            )
+            tis = sample.json()["task_instances"]
+            seen_states.update((ti["task_id"], str(ti["state"])) for ti in tis)
+            if (
+                preempt
+                and _all_deferred(tis, preempt.get("after_deferred"))
+                and _preempt_when_running(preempt)
+            ):
                 report["preempted_at_s"] = time.monotonic() - run_started
                 preempt = None
             time.sleep(0.5)
         report["state"] = state
+        report["seen_states"] = sorted(seen_states)
         report["run_s"] = time.monotonic() - run_started
         tis = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
         report["task_instances"] = [

@@ -1,9 +1,9 @@
 """A job under a real Airflow: scheduler + dag-processor + triggerer + API server (`airflow standalone`).
 
 `airflow dags test` runs one task instance at a time; a real scheduler runs the mapped follow tasks of
-every rank at once, each in its own worker process. This proves the job's behaviour there: ranks followed
-concurrently, a preempted worker recovered by exactly one leader, the head's return.json reaching a
-downstream task through XCom, nothing left running. The stack runs in a private network namespace
+every rank at once, and deferrable follow tasks wait in the triggerer. This proves the job's behaviour
+there: ranks followed concurrently and deferred, a preempted worker recovered by exactly one leader, the
+head's return.json reaching a downstream task through XCom, nothing left running. The stack runs in a private network namespace
 (`unshare --net`, see stack_driver.py), so its servers are reachable from nowhere else.
 """
 
@@ -33,14 +33,14 @@ job_task = Task(
     run='''
 echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT $(echo "$SKYPILOT_NODE_IPS" | tail -n1)" >> "$PROBE/starts"
 echo "rank $SKYPILOT_NODE_RANK running"
-sleep 12
+sleep 20
 mkdir -p "$AIRFLOW_SKY_XCOM_DIR"
 printf '{{"rank": %s, "recoveries": %s}}' "$SKYPILOT_NODE_RANK" "$AIRFLOW_SKY_RECOVERY_COUNT" > "$AIRFLOW_SKY_XCOM_DIR/return.json"
 ''',
 )
 
 with DAG("real_scheduler_job", schedule=None) as dag:
-    job = sky_job(job_task, cluster_name={cluster!r})
+    job = sky_job(job_task, cluster_name={cluster!r}, deferrable=True)
 
     @task
     def evaluate(result):
@@ -56,7 +56,7 @@ def _overlap(a: dict[str, str], b: dict[str, str]) -> bool:
     return start < end
 
 
-def test_real_scheduler_follows_ranks_concurrently_recovers_a_preempted_worker_once_and_hands_off_xcom(
+def test_real_scheduler_defers_ranks_concurrently_recovers_a_preempted_worker_once_and_hands_off_xcom(
     tmp_path: Path,
 ):
     assert shutil.which("unshare") and shutil.which("ip"), "needs util-linux unshare and iproute2 (bootstrap)"
@@ -69,7 +69,14 @@ def test_real_scheduler_follows_ranks_concurrently_recovers_a_preempted_worker_o
         "home": str(home),
         "dag_id": "real_scheduler_job",
         "xcom_task_id": "evaluate",
-        "preempt": {"cluster": CLUSTER, "rank": 1, "probe": str(probe / "starts"), "lines": 2},
+        # Preempt while both run follow tasks wait in the triggerer: the triggers must wake them up.
+        "preempt": {
+            "cluster": CLUSTER,
+            "rank": 1,
+            "probe": str(probe / "starts"),
+            "lines": 2,
+            "after_deferred": "realsched.run_follow",
+        },
         "timeout_s": 420,
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -97,9 +104,10 @@ def test_real_scheduler_follows_ranks_concurrently_recovers_a_preempted_worker_o
     tis = {(ti["task_id"], ti["map_index"]): ti for ti in report["task_instances"]}
     assert all(ti["state"] == "success" for ti in tis.values()), context
 
-    # The scheduler ran both ranks' follow tasks at the same time, each in its own worker.
+    # The scheduler ran both ranks' follow tasks at the same time; they waited in the triggerer.
     follow = [tis[("realsched.run_follow", rank)] for rank in (0, 1)]
     assert _overlap(*follow), context
+    assert ["realsched.run_follow", "deferred"] in report["seen_states"], context
 
     # One recovery, led once: each rank started exactly once per generation, rank 1 on a new node.
     starts = [line.split() for line in (probe / "starts").read_text().splitlines()]
