@@ -2,7 +2,8 @@
 
 The training job's head writes return.json (final loss) and keeps its snapshot; collect streams the
 snapshot to MINGPT_ARTIFACTS_TO (a local directory by default; s3://bucket/prefix or gs://bucket/prefix
-with the aws/gcp extras and connections), and evaluate reads both from XCom.
+with the aws/gcp extras and connections), and evaluate reads both from XCom. The follow tasks are
+deferrable: while the ranks train they wait in the triggerer (run one, e.g. `airflow triggerer`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ with DAG(
         TASK_YAML,
         infra=os.environ.get("MINGPT_INFRA", "local"),
         down=True,
+        deferrable=True,  # the ranks wait in the triggerer while they train: no worker slot held
         artifacts=["~/sky_workdir/gpt_snapshot.pt"],
         artifacts_to=ARTIFACTS_TO,
     )

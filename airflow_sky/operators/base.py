@@ -41,8 +41,11 @@ class SkyBaseOperator(BaseOperator):
         callbacks = kwargs.pop("on_failure_callback", None) or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         super().__init__(on_failure_callback=[_publish_failure, *callbacks], **kwargs)
-        # A copy per operator: rendering templates fills the spec in place.
+        # A copy per operator: rendering templates fills the spec in place. Shell syntax that Jinja would
+        # misread is escaped here, not at render time: a mapped task renders without calling our hooks.
         self.sky_task = copy.deepcopy(sky_task)
+        self.sky_task.setup = protect_shell_syntax(self.sky_task.setup)
+        self.sky_task.run = protect_shell_syntax(self.sky_task.run)
         self.cluster = cluster
         self.conn_id = conn_id
 
@@ -88,8 +91,6 @@ class SkyBaseOperator(BaseOperator):
         # Secrets are registered before and after rendering, so neither the literal nor the rendered value
         # reaches a log or the rendered-template view.
         self.mask_secrets()
-        self.sky_task.setup = protect_shell_syntax(self.sky_task.setup)
-        self.sky_task.run = protect_shell_syntax(self.sky_task.run)
         super().render_template_fields(context, jinja_env)
         self.mask_secrets()
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
+from pathlib import Path
 
 SECRET = "s3cr3t-Value-9f2"
 
 
-def test_envs_and_run_render_per_run_and_secrets_are_masked(run_dag, tmp_path):
+def test_envs_and_run_render_per_run_and_secrets_are_masked(run_dag, airflow_home, tmp_path):
     source = f"""
 from airflow.sdk import DAG
 from airflow_sky import Task, sky_job
@@ -35,3 +38,15 @@ with DAG("templated", schedule=None) as dag:
         assert (tmp_path / f"len-{rank}").read_text().strip() == "3"  # ${#ARR[@]} is bash's, not Jinja's
     assert "day=" in result.output
     assert SECRET not in result.output  # ...the logs never do
+    # ...nor the rendered-template view of any task, mapped ones included.
+    db = Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rendered = conn.execute(
+            "SELECT task_id, map_index, rendered_fields FROM rendered_task_instance_fields WHERE dag_id = 'templated'"
+        ).fetchall()
+    assert {task_id.rsplit(".", 1)[-1] for task_id, _, _ in rendered} >= {
+        "provision",
+        "run_start",
+        "run_follow",
+    }
+    assert [row[:2] for row in rendered if SECRET in str(row[2])] == []

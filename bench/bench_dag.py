@@ -1,0 +1,115 @@
+"""A 4-node job as a DAG: sky_job vs a hand-written SSHOperator DAG, both under `airflow dags test`.
+
+    baseline  one SSHOperator per node for setup and one per node for run, setups before runs
+              (cross_downstream), each connection an AIRFLOW_CONN_* ssh connection to a local node
+    ours      sky_job on the same nodes (cluster kept, so neither side pays for provisioning)
+
+Both run the same setup (`sleep 2`) and run (`sleep 2`) on the same 4 local nodes. `airflow dags test`
+runs task instances one after another, so the baseline's per-node tasks run node after node; sky_job's
+start/follow split starts every node before any task waits.
+
+Run: `make bench` (or `.venv/bin/python bench/bench_dag.py`). A ratio < 1 means faster than the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+from airflow_sky.clouds.base import Node, ProvisionRequest
+from airflow_sky.clouds.local import LocalCloud
+
+NODES = 4
+SETUP = "sleep 2"
+RUN = 'sleep 2; echo "rank done"'
+CLUSTER = "bench-dag"
+
+BASELINE_DAG = f"""
+from airflow.providers.ssh.operators.ssh import SSHOperator
+from airflow.sdk import DAG, cross_downstream
+
+with DAG("baseline_ssh", schedule=None) as dag:
+    setups = [SSHOperator(task_id=f"setup_{{i}}", ssh_conn_id=f"bench_node{{i}}", command={SETUP!r}) for i in range({NODES})]
+    runs = [SSHOperator(task_id=f"run_{{i}}", ssh_conn_id=f"bench_node{{i}}", command={RUN!r}) for i in range({NODES})]
+    cross_downstream(setups, runs)
+"""
+
+OURS_DAG = f"""
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+task = Task(name="bench", num_nodes={NODES}, setup={SETUP!r}, run={RUN!r})
+with DAG("ours_sky_job", schedule=None) as dag:
+    sky_job(task, cluster_name={CLUSTER!r}, down=False)
+"""
+
+
+def connection_env(nodes: list[Node], key_file: Path) -> dict[str, str]:
+    env = {}
+    for node in nodes:
+        conn = {
+            "conn_type": "ssh",
+            "host": node.ssh_host,
+            "port": node.ssh_port,
+            "login": node.ssh_user,
+            "extra": {"key_file": str(key_file), "no_host_key_check": True},
+        }
+        env[f"AIRFLOW_CONN_BENCH_NODE{node.rank}"] = json.dumps(conn)
+    return env
+
+
+def dags_test(env: dict[str, str], dag_id: str) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "dags", "test", dag_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    elapsed = time.perf_counter() - started
+    if proc.returncode != 0:
+        sys.exit(f"{dag_id} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return elapsed
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="airflow-sky-bench-dag-") as state:
+        root = Path(state)
+        os.environ.setdefault("AIRFLOW_SKY_LOCAL_ROOT", str(root / "local"))
+        dags = root / "airflow" / "dags"
+        dags.mkdir(parents=True)
+        (dags / "baseline_ssh.py").write_text(textwrap.dedent(BASELINE_DAG))
+        (dags / "ours_sky_job.py").write_text(textwrap.dedent(OURS_DAG))
+        env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(root / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        }
+        migrate = subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, capture_output=True
+        )
+        if migrate.returncode != 0:
+            sys.exit(migrate.stderr.decode()[-3000:])
+        cloud = LocalCloud()
+        nodes = cloud.provision(ProvisionRequest(CLUSTER, NODES))
+        try:
+            key_file = Path(cloud.ssh_private_key(CLUSTER))
+            env.update(connection_env(nodes, key_file))
+            baseline = dags_test(env, "baseline_ssh")
+            ours = dags_test(env, "ours_sky_job")
+        finally:
+            cloud.terminate(CLUSTER)
+        name = f"{NODES}-node setup+run DAG, dags test"
+        print(f"{name:<38} ours {ours:7.3f}s   baseline {baseline:7.3f}s   ratio {ours / baseline:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
