@@ -4,7 +4,7 @@
               (cross_downstream), each connection an AIRFLOW_CONN_* ssh connection to a local node
     ours      sky_job on the same nodes (cluster kept, so neither side pays for provisioning)
 
-Both run the same setup (`sleep 2`) and run (`sleep 2`) on the same 4 local nodes. `airflow dags test`
+Both run the same setup (`sleep 5`) and run (`sleep 5`) on the same 4 local nodes. `airflow dags test`
 runs task instances one after another, so the baseline's per-node tasks run node after node; sky_job's
 start/follow split starts every node before any task waits.
 
@@ -26,8 +26,8 @@ from airflow_sky.clouds.base import Node, ProvisionRequest
 from airflow_sky.clouds.local import LocalCloud
 
 NODES = 4
-SETUP = "sleep 2"
-RUN = 'sleep 2; echo "rank done"'
+SETUP = "sleep 5"  # a short pip install
+RUN = 'sleep 5; echo "rank done"'
 CLUSTER = "bench-dag"
 
 BASELINE_DAG = f"""
