@@ -24,8 +24,8 @@ from airflow_sky.remote.client import NodeClient
 
 KILLED_EXIT_CODE = 137
 CANCELLED_RANK = -1  # the "failing rank" `airflow-sky cancel` records, so followers report a cancellation
-_UNREACHABLE_GRACE_S = 5.0  # an unreachable node is triaged after this long (it may be a blip)
-_MAX_UNREACHABLE_S = 120.0  # ... and the follower gives up after this long if the infra says it is up
+UNREACHABLE_GRACE_S = 5.0  # an unreachable node is triaged after this long (it may be a blip)
+MAX_UNREACHABLE_S = 120.0  # ... and the follower gives up after this long if the infra says it is up
 
 # (rank, exit code or None for a lost process) -> the recovery decision, or None: a newer generation exists.
 Triage = Callable[[int, int | None], Decision | None]
@@ -78,6 +78,8 @@ class GangFollower:
     # Return (exit_code None) once the rank runs with its log read and its siblings checked, instead of
     # waiting for the end: a deferrable task then waits in the triggerer.
     until_quiet: bool = False
+    unreachable_grace_s: float = UNREACHABLE_GRACE_S
+    max_unreachable_s: float = MAX_UNREACHABLE_S
     _sibling_unreachable_since: dict[int, float] = dataclasses.field(default_factory=dict, init=False)
 
     @property
@@ -106,8 +108,13 @@ class GangFollower:
             except RemoteError:
                 now = time.monotonic()
                 unreachable_since = unreachable_since or now
-                if now - unreachable_since > _UNREACHABLE_GRACE_S:
-                    self._triage(self.rank, None, fail_anyway=now - unreachable_since > _MAX_UNREACHABLE_S)
+                if now - unreachable_since > self.unreachable_grace_s:
+                    self._triage(
+                        self.rank,
+                        None,
+                        fail_anyway=now - unreachable_since > self.max_unreachable_s,
+                        unreachable=True,
+                    )
                 own.close()
                 time.sleep(min(5.0, self.poll_interval_s * 4))
                 continue
@@ -146,8 +153,12 @@ class GangFollower:
             if poll.caught_up:
                 time.sleep(self.poll_interval_s)
 
-    def _triage(self, rank: int, code: int | None, fail_anyway: bool) -> None:
-        """Raise Relaunch when the fault leads to a relaunch; return when it is a plain failure."""
+    def _triage(self, rank: int, code: int | None, fail_anyway: bool, unreachable: bool = False) -> None:
+        """Raise Relaunch when the fault leads to a relaunch; return when it is a plain failure.
+
+        An unreachable node the infra still reports up is a network blip until `max_unreachable_s`: only
+        then (`fail_anyway`) does it fail the phase.
+        """
         if self.triage is None:
             if fail_anyway:
                 raise JobFailed(f"rank {rank}: node unreachable", status=self.failed_status, rank=rank)
@@ -155,7 +166,9 @@ class GangFollower:
         decision = self.triage(rank, code)
         if decision is None or decision.action is not Action.FAIL:
             raise Relaunch(decision, rank, code)
-        if fail_anyway or code is None:
+        if fail_anyway:
+            raise JobFailed(f"rank {rank}: node unreachable", status=self.failed_status, rank=rank)
+        if code is None and not unreachable:
             raise JobFailed(f"rank {rank}: {decision.reason}", status=self.failed_status, rank=rank)
 
     def _wait_for_siblings(
@@ -191,7 +204,7 @@ class GangFollower:
                     if decision is None or decision.action is not Action.FAIL:
                         raise Relaunch(decision, rank, None) from None
                 since = self._sibling_unreachable_since.setdefault(rank, time.monotonic())
-                if time.monotonic() - since > _MAX_UNREACHABLE_S:
+                if time.monotonic() - since > self.max_unreachable_s:
                     raise JobFailed(
                         f"rank {rank}: node unreachable", status=self.failed_status, rank=rank
                     ) from None

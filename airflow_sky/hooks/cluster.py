@@ -88,13 +88,17 @@ class SkyClusterHook(BaseHook):
 
     # ---- SSH -------------------------------------------------------------------------------------------
 
-    def client(self, node: Node) -> NodeClient:
-        return NodeClient(node, self.cloud.ssh_private_key(self.cluster_name))
+    def client(self, node: Node, conn_retry_attempts: int = 3) -> NodeClient:
+        """A connection to `node`; a poller that retries on its own passes conn_retry_attempts=1, so a
+        node that is gone is noticed at once instead of after the SSH hook's waits between attempts."""
+        return NodeClient(
+            node, self.cloud.ssh_private_key(self.cluster_name), conn_retry_attempts=conn_retry_attempts
+        )
 
     @contextlib.contextmanager
-    def clients(self, nodes: Sequence[Node]) -> Iterator[dict[int, NodeClient]]:
+    def clients(self, nodes: Sequence[Node], conn_retry_attempts: int = 3) -> Iterator[dict[int, NodeClient]]:
         """One connection per node (rank -> client), closed on exit."""
-        opened = {node.rank: self.client(node) for node in nodes}
+        opened = {node.rank: self.client(node, conn_retry_attempts) for node in nodes}
         try:
             yield opened
         finally:

@@ -153,7 +153,7 @@ class SkyFollowOperator(_PhaseOperator):
             phase_ranks = {p.rank for p in handle.phase_nodes(self.phase)}
             nodes = [n for n in current_nodes(handle, state) if n.rank in phase_ranks]
             self._following = (hook, nodes, state.generation)
-            with hook.clients(nodes) as clients:
+            with hook.clients(nodes, conn_retry_attempts=1) as clients:
                 follower = GangFollower(
                     job_id=handle.remote_job_id(self.phase),
                     generation=state.generation,

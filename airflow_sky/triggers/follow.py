@@ -22,11 +22,10 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_sky.clouds.base import Node
 from airflow_sky.errors import RemoteError
+from airflow_sky.gang import UNREACHABLE_GRACE_S
 from airflow_sky.logs import LineSplitter, node_prefix, redactor
 from airflow_sky.remote import jobs
 from airflow_sky.remote.client import NodeClient
-
-_UNREACHABLE_GRACE_S = 5.0  # a node that does not answer for this long wakes the task (it may be a blip)
 
 
 class SkyFollowTrigger(BaseTrigger):
@@ -145,7 +144,9 @@ class _Watch:
     def clients(self) -> dict[int, NodeClient]:
         if self._clients is None:
             nodes = [Node.from_dict(n) for n in self.trigger.nodes]
-            self._clients = self._stack.enter_context(_hook(self.trigger).clients(nodes))
+            self._clients = self._stack.enter_context(
+                _hook(self.trigger).clients(nodes, conn_retry_attempts=1)
+            )
         return self._clients
 
     def poll(self) -> str | None:
@@ -206,7 +207,7 @@ class _Watch:
 
     def _unreachable(self, rank: int) -> str | None:
         since = self._unreachable_since.setdefault(rank, time.monotonic())
-        if time.monotonic() - since >= _UNREACHABLE_GRACE_S:
+        if time.monotonic() - since >= UNREACHABLE_GRACE_S:
             return f"rank {rank} unreachable"
         if rank == self.trigger.rank and self._clients is not None:
             self._clients[rank].close()  # reconnect on the next poll

@@ -1,0 +1,52 @@
+"""A node that stops answering while the infra reports it up is a network blip, for a while."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+
+import pytest
+
+from airflow_sky import Task
+from airflow_sky.errors import JobFailed
+from airflow_sky.gang import GangFollower
+from airflow_sky.hooks.cluster import SkyClusterHook
+from airflow_sky.recovery import RecoveryState, decide
+from airflow_sky.relaunch import unhealthy_ranks
+from airflow_sky.remote import NodeClient
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_node_that_the_infra_reports_up_is_waited_for_then_fails_as_unreachable(local_cluster):
+    name, nodes, key = local_cluster(1)
+    hook = SkyClusterHook(name, "local")
+    policy = Task(run="true").job_recovery
+
+    def triage(rank: int, code: int | None):  # the operator's own rule, against the real infra's status
+        return decide(unhealthy_ranks(hook, nodes), code, policy, RecoveryState(generation=0))
+
+    # The node runs (the infra says so) but its SSH port refuses us: what a network partition looks like.
+    unreachable = NodeClient(
+        dataclasses.replace(nodes[0], ssh_port=_closed_port()), key, conn_retry_attempts=1
+    )
+    follower = GangFollower(
+        "1-run",
+        0,
+        0,
+        {0: unreachable},
+        emit=print,
+        triage=triage,
+        poll_interval_s=0.1,
+        unreachable_grace_s=0.5,
+        max_unreachable_s=3.0,
+    )
+    started = time.monotonic()
+    with pytest.raises(JobFailed, match="rank 0: node unreachable"):
+        follower.run()
+    assert time.monotonic() - started >= 3.0  # not failed at the end of the grace period
