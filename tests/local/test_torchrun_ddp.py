@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 from datetime import datetime
 from pathlib import Path
@@ -13,19 +12,14 @@ from airflow_sky.clouds.local import LocalCloud
 from airflow_sky.remote import NodeClient, poll_job, read_xcom, start_job
 from airflow_sky.remote.sync import sync_dir
 from airflow_sky.spec import Task
+from tests.ports import free_port
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_node_torchrun_ddp_reports_world_size_two(local_cluster):
     name, nodes, key = local_cluster(2)
-    port = _free_port()
+    port = free_port()
     task = Task(
         name="ddp-tiny",
         num_nodes=2,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
 import time
 
 import pytest
@@ -15,12 +14,7 @@ from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.recovery import RecoveryState, decide
 from airflow_sky.relaunch import unhealthy_ranks
 from airflow_sky.remote import NodeClient
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 def test_unreachable_node_that_the_infra_reports_up_is_waited_for_then_fails_as_unreachable(local_cluster):
@@ -32,9 +26,7 @@ def test_unreachable_node_that_the_infra_reports_up_is_waited_for_then_fails_as_
         return decide(unhealthy_ranks(hook, nodes), code, policy, RecoveryState(generation=0))
 
     # The node runs (the infra says so) but its SSH port refuses us: what a network partition looks like.
-    unreachable = NodeClient(
-        dataclasses.replace(nodes[0], ssh_port=_closed_port()), key, conn_retry_attempts=1
-    )
+    unreachable = NodeClient(dataclasses.replace(nodes[0], ssh_port=free_port()), key, conn_retry_attempts=1)
     follower = GangFollower(
         "1-run",
         0,
