@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from airflow_sky.errors import JobFailed, RemoteError
-from airflow_sky.logs import LineSplitter, node_prefix
+from airflow_sky.log_tail import LogTail
 from airflow_sky.recovery import Action, Decision
 from airflow_sky.remote import jobs
 from airflow_sky.remote.client import NodeClient
@@ -88,22 +88,20 @@ class GangFollower:
 
     def run(self) -> FollowResult:
         own = self.clients[self.rank]
-        prefix = node_prefix(self.rank, None, own.node.internal_ip, self.setup)
         numbers = itertools.count()
 
         def emit(line: str) -> None:
-            self.emit(f"{prefix} {line}")
+            self.emit(line)
             if self.publish is not None:
-                self.publish(self.rank, next(numbers), f"{prefix} {line}")
+                self.publish(self.rank, next(numbers), line)
 
-        lines = LineSplitter(emit)
+        log = LogTail(own, self.job_id, self.generation, self.setup, emit, offset=self.start_offset)
         siblings = self._sibling_tails() if self.tail_siblings and self.publish is not None else []
-        offset = self.start_offset
         next_sibling_check = time.monotonic() + self.sibling_interval_s
         unreachable_since: float | None = None
         while True:
             try:
-                poll = jobs.poll_job(own, self.job_id, self.generation, offset)
+                poll = log.poll()
                 unreachable_since = None
             except RemoteError:
                 now = time.monotonic()
@@ -118,10 +116,6 @@ class GangFollower:
                 own.close()
                 time.sleep(min(5.0, self.poll_interval_s * 4))
                 continue
-            if poll.pid is not None:
-                prefix = node_prefix(self.rank, poll.pid, own.node.internal_ip, self.setup)
-            lines.feed(poll.data)
-            offset = poll.next_offset
             if poll.missing:
                 self._triage(self.rank, None, fail_anyway=False)
                 raise JobFailed(
@@ -129,8 +123,7 @@ class GangFollower:
                     status=self.failed_status,
                     rank=self.rank,
                 )
-            if not poll.running and poll.caught_up:
-                lines.flush()
+            if log.ended:
                 if poll.lost:
                     self._triage(self.rank, None, fail_anyway=False)
                     raise JobFailed(
@@ -140,13 +133,12 @@ class GangFollower:
                     )
                 code = int(poll.exit_code or 0)
                 if code != 0:
-                    self._fail(self.rank, code, tuple(lines.tail))
-                return self._wait_for_siblings(tuple(lines.tail), offset, siblings)
-            for sibling in siblings:
-                sibling.poll(self.job_id, self.generation)
+                    self._fail(self.rank, code, log.tail)
+                return self._wait_for_siblings(log.tail, log.line_offset, siblings)
+            self._poll_sibling_logs(siblings)
             if self.until_quiet and poll.caught_up:
                 self._check_siblings()
-                return FollowResult(self.rank, None, tuple(lines.tail), offset - lines.pending_bytes)
+                return FollowResult(self.rank, None, log.tail, log.line_offset)
             if time.monotonic() >= next_sibling_check:
                 self._check_siblings()
                 next_sibling_check = time.monotonic() + self.sibling_interval_s
@@ -171,15 +163,12 @@ class GangFollower:
         if code is None and not unreachable:
             raise JobFailed(f"rank {rank}: {decision.reason}", status=self.failed_status, rank=rank)
 
-    def _wait_for_siblings(
-        self, tail: tuple[str, ...], offset: int, siblings: list[_SiblingTail]
-    ) -> FollowResult:
+    def _wait_for_siblings(self, tail: tuple[str, ...], offset: int, siblings: list[LogTail]) -> FollowResult:
         """This rank succeeded; the phase succeeds when every rank has. Until then a sibling's fault (a
         lost node above all) still concerns this rank: a recovery relaunches every rank, this one too."""
         next_check = 0.0
         while True:
-            for sibling in siblings:
-                sibling.poll(self.job_id, self.generation)
+            self._poll_sibling_logs(siblings)
             if time.monotonic() >= next_check:
                 if self._check_siblings(own_done=True):
                     return FollowResult(self.rank, 0, tail, offset)
@@ -259,48 +248,28 @@ class GangFollower:
     def _kill_others(self, exclude: int) -> None:
         kill_ranks(self.clients, self.job_id, self.generation, exclude=exclude)
 
-    def _sibling_tails(self) -> list[_SiblingTail]:
-        assert self.publish is not None
+    def _sibling_tails(self) -> list[LogTail]:
+        """The other ranks' logs, streamed to `publish` only (each task's own log keeps its own node's)."""
+        publish = self.publish
+        assert publish is not None
+
+        def publisher(rank: int) -> Callable[[str], None]:
+            numbers = itertools.count()
+            return lambda line: publish(rank, next(numbers), line)
+
         return [
-            _SiblingTail(rank, client, self.setup, self.publish)
+            LogTail(client, self.job_id, self.generation, self.setup, publisher(rank), keep=0)
             for rank, client in sorted(self.clients.items())
             if rank != self.rank
         ]
 
-
-class _SiblingTail:
-    """Streams another rank's log to a live viewer; failures are the sibling check's business, not ours."""
-
-    def __init__(
-        self, rank: int, client: NodeClient, setup: bool, publish: Callable[[int, int, str], None]
-    ) -> None:
-        self.rank = rank
-        self.client = client
-        self.offset = 0
-        self.done = False
-        self._prefix = node_prefix(rank, None, client.node.internal_ip, setup)
-        self._setup = setup
-        self._numbers = itertools.count()
-        self._publish = publish
-        self._lines = LineSplitter(self._emit, keep=0)
-
-    def _emit(self, line: str) -> None:
-        self._publish(self.rank, next(self._numbers), f"{self._prefix} {line}")
-
-    def poll(self, job_id: str, generation: int) -> None:
-        if self.done:
-            return
-        try:
-            poll = jobs.poll_job(self.client, job_id, generation, self.offset)
-        except RemoteError:
-            return  # unreachable for now: the sibling check triages it
-        if poll.pid is not None:
-            self._prefix = node_prefix(self.rank, poll.pid, self.client.node.internal_ip, self._setup)
-        self._lines.feed(poll.data)
-        self.offset = poll.next_offset
-        if poll.missing or (not poll.running and poll.caught_up):
-            self._lines.flush()
-            self.done = True
+    @staticmethod
+    def _poll_sibling_logs(siblings: list[LogTail]) -> None:
+        for sibling in siblings:
+            if not sibling.ended:
+                # An unreachable sibling is for the sibling check to triage, not for its log reader.
+                with contextlib.suppress(RemoteError):
+                    sibling.poll()
 
 
 def kill_ranks(

@@ -23,7 +23,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_sky.clouds.base import Node
 from airflow_sky.errors import RemoteError
 from airflow_sky.gang import UNREACHABLE_GRACE_S
-from airflow_sky.logs import LineSplitter, node_prefix, redactor
+from airflow_sky.log_tail import LogTail
+from airflow_sky.logs import redactor
 from airflow_sky.remote import jobs
 from airflow_sky.remote.client import NodeClient
 
@@ -122,12 +123,10 @@ class _Watch:
 
     def __init__(self, trigger: SkyFollowTrigger) -> None:
         self.trigger = trigger
-        self.offset = trigger.offset
         self._stack = contextlib.ExitStack()
         self._clients: dict[int, NodeClient] | None = None
         self._redact = redactor(trigger.secrets.values())
-        self._prefix = node_prefix(trigger.rank, None, None, trigger.setup)
-        self._lines = LineSplitter(self._log, keep=0)
+        self._log: LogTail | None = None  # this rank's log, once connected
         self._next_sibling_check = 0.0
         self._unreachable_since: dict[int, float] = {}
         self.behind = False  # more log to read than one poll returned
@@ -135,17 +134,22 @@ class _Watch:
 
     @property
     def line_offset(self) -> int:
-        """The offset of the end of the last whole line logged: where the resumed task goes on."""
-        return self.offset - self._lines.pending_bytes
-
-    def _log(self, line: str) -> None:
-        self.trigger.log.info("%s", self._redact(f"{self._prefix} {line}"))
+        """The end of the last whole line logged: where the resumed task goes on."""
+        return self._log.line_offset if self._log is not None else self.trigger.offset
 
     def clients(self) -> dict[int, NodeClient]:
         if self._clients is None:
-            nodes = [Node.from_dict(n) for n in self.trigger.nodes]
-            self._clients = self._stack.enter_context(
-                _hook(self.trigger).clients(nodes, conn_retry_attempts=1)
+            trigger = self.trigger
+            nodes = [Node.from_dict(n) for n in trigger.nodes]
+            self._clients = self._stack.enter_context(_hook(trigger).clients(nodes, conn_retry_attempts=1))
+            self._log = LogTail(
+                self._clients[trigger.rank],
+                trigger.job_id,
+                trigger.generation,
+                trigger.setup,
+                lambda line: trigger.log.info("%s", self._redact(line)),
+                offset=trigger.offset,
+                keep=0,
             )
         return self._clients
 
@@ -157,7 +161,7 @@ class _Watch:
         except RemoteError:
             return self._unreachable(trigger.rank)
         if not self.own_done:
-            reason = self._poll_own(clients[trigger.rank])
+            reason = self._poll_own()
             if reason is not None or self.behind:
                 return reason
         if time.monotonic() < self._next_sibling_check:
@@ -165,22 +169,18 @@ class _Watch:
         self._next_sibling_check = time.monotonic() + trigger.sibling_interval_s
         return self._check_siblings(clients)
 
-    def _poll_own(self, own: NodeClient) -> str | None:
-        trigger = self.trigger
+    def _poll_own(self) -> str | None:
+        assert self._log is not None
+        rank = self.trigger.rank
         try:
-            poll = jobs.poll_job(own, trigger.job_id, trigger.generation, self.offset)
+            poll = self._log.poll()
         except RemoteError:
-            return self._unreachable(trigger.rank)
-        self._unreachable_since.pop(trigger.rank, None)
-        if poll.pid is not None:
-            self._prefix = node_prefix(trigger.rank, poll.pid, own.node.internal_ip, trigger.setup)
-        self._lines.feed(poll.data)
-        self.offset = poll.next_offset
+            return self._unreachable(rank)
+        self._unreachable_since.pop(rank, None)
         self.behind = not poll.caught_up
-        if poll.missing or (not poll.running and poll.caught_up):
-            self._lines.flush()
+        if self._log.ended:
             if poll.missing or poll.exit_code != 0:
-                return f"rank {trigger.rank} ended"
+                return f"rank {rank} ended"
             # Succeeded: the phase has not, until every rank has (a sibling may still be lost and relaunched).
             self.own_done = True
             self._next_sibling_check = 0.0
