@@ -5,6 +5,8 @@ phase. A fault (a non-zero exit, a lost process, an unreachable node) is first t
 airflow_sky.recovery): when the job is to be relaunched, the follower raises Relaunch and the operator
 takes it from there. Otherwise the first failure is recorded once on the head node; whoever sees it kills
 the remaining ranks (recorded as exit code 137), and every follower fails naming that rank and code.
+A rank that exits 0 ends its follow only when every rank has: until then a sibling's fault still concerns
+it (a recovery relaunches every rank).
 """
 
 from __future__ import annotations
