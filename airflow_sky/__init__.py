@@ -10,22 +10,22 @@ __version__ = "0.1.0"
 
 # Airflow-dependent entry points load lazily so that `airflow_sky.Task` works without importing Airflow.
 _LAZY = {
-    "Task": "airflow_sky.spec",
-    "Resources": "airflow_sky.spec",
-    "JobRecovery": "airflow_sky.spec",
-    "sky_job": "airflow_sky.dag",
-    "dag_from_yaml": "airflow_sky.dag",
-    "job_result": "airflow_sky.dag",
-    "dags_from_folder": "airflow_sky.folder",
+    "Task": "airflow_sky.task",
+    "Resources": "airflow_sky.task",
+    "JobRecovery": "airflow_sky.task",
+    "sky_job": "airflow_sky.dags.job",
+    "dag_from_yaml": "airflow_sky.dags.job",
+    "job_result": "airflow_sky.dags.job",
+    "dags_from_folder": "airflow_sky.dags.folder",
     # The SDK, mirroring SkyPilot's sky.launch / sky.exec / ...
-    "launch": "airflow_sky.sdk",
-    "exec": "airflow_sky.sdk",
-    "tail_logs": "airflow_sky.sdk",
-    "job_status": "airflow_sky.sdk",
-    "queue": "airflow_sky.sdk",
-    "cancel": "airflow_sky.sdk",
-    "down": "airflow_sky.sdk",
-    "status": "airflow_sky.sdk",
+    "launch": "airflow_sky.client.sdk",
+    "exec": "airflow_sky.client.sdk",
+    "tail_logs": "airflow_sky.client.sdk",
+    "job_status": "airflow_sky.client.sdk",
+    "queue": "airflow_sky.client.sdk",
+    "cancel": "airflow_sky.client.sdk",
+    "down": "airflow_sky.client.sdk",
+    "status": "airflow_sky.client.sdk",
 }
 
 __all__ = ["ClusterError", "JobFailed", "RemoteError", "SkyError", "SpecError", "__version__", *_LAZY]

@@ -22,8 +22,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from airflow_sky.clouds.base import Node, ProvisionRequest
-from airflow_sky.clouds.local import LocalCloud
+from airflow_sky.infra.base import Node, ProvisionRequest
+from airflow_sky.infra.local.cloud import LocalCloud
 
 NODES = 4
 SETUP = "sleep 5"  # a short pip install

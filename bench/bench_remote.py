@@ -18,10 +18,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from airflow_sky.clouds.base import ProvisionRequest
-from airflow_sky.clouds.local import LocalCloud
-from airflow_sky.remote import NodeClient
-from airflow_sky.remote.sync import known_hosts_line, ssh_command_for, sync_dir
+from airflow_sky.infra.base import ProvisionRequest
+from airflow_sky.infra.local.cloud import LocalCloud
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.sync import known_hosts_line, ssh_command_for, sync_dir
 
 
 def timed(fn, *args):  # type: ignore[no-untyped-def]

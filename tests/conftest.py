@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_sky.clouds.base import Node, ProvisionRequest
-from airflow_sky.clouds.local import LocalCloud
-from airflow_sky.local import daemon, layout
+from airflow_sky.infra.base import Node, ProvisionRequest
+from airflow_sky.infra.local import daemon, layout
+from airflow_sky.infra.local.cloud import LocalCloud
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,31 +1,27 @@
-"""SkyClusterHook: a cluster's nodes (read from its infra), SSH access to them, and per-node job envs."""
+"""SkyClusterHook: the one door from Airflow to a cluster's infra and nodes.
+
+Operators and triggers reach clouds and nodes only through this hook: it builds the plain `Cluster` object
+(infra.cluster) from the infra name and the Airflow connection, does the per-node file work (sync,
+artifacts) over SSH, and hands the Cluster to the gang core for everything a job does on its nodes.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import math
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_sky import envs
-from airflow_sky.clouds.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
-from airflow_sky.clouds.registry import get_cloud
-from airflow_sky.errors import ClusterError
-from airflow_sky.job import JobHandle, Phase
-from airflow_sky.remote.client import NodeClient
-from airflow_sky.spec import Task
-
-T = TypeVar("T")
-
-# Bounded fan-out: one sshd drops about a third of 64 simultaneous connections at default MaxStartups.
-MAX_PARALLEL_SSH = 16
+from airflow_sky.infra.base import Node
+from airflow_sky.infra.cluster import Cluster
+from airflow_sky.infra.registry import open_cluster
+from airflow_sky.node import artifacts
+from airflow_sky.node.files import UploadResult, upload_task_files
+from airflow_sky.task import Task
 
 
 class SkyClusterHook(BaseHook):
-    """Talks to one cluster: provisioning through its Cloud driver, commands through SSH.
+    """Talks to one cluster: provisioning through its Cloud driver, commands and files through SSH.
 
     :param cluster_name: the cluster (instances are found by this name on the infra).
     :param infra: `local`, `ssh/<pool>`, `aws[/region]`, `gcp[/region]`.
@@ -40,88 +36,59 @@ class SkyClusterHook(BaseHook):
         self.cluster_name = cluster_name
         self.infra = infra or "local"
         self.conn_id = conn_id
-        self._cloud: Cloud | None = None
+        self._cluster: Cluster | None = None
 
     @property
-    def cloud(self) -> Cloud:
-        if self._cloud is None:
-            self._cloud = get_cloud(self.infra, self.conn_id)
-        return self._cloud
+    def cluster(self) -> Cluster:
+        """The plain Cluster object the gang core works with (built once, lazily)."""
+        if self._cluster is None:
+            self._cluster = open_cluster(self.cluster_name, self.infra, self.conn_id)
+        return self._cluster
 
-    def get_conn(self) -> Cloud:
-        return self.cloud
+    def get_conn(self) -> Cluster:
+        return self.cluster
 
     # ---- cluster ---------------------------------------------------------------------------------------
 
-    def provision(self, task: Task, min_nodes: int | None = None) -> list[Node]:
+    def provision(self, task: Task) -> list[Node]:
         """Bring the cluster to at least the task's node count; an existing larger cluster is kept as is."""
-        wanted = max(task.num_nodes, min_nodes or 0)
-        existing = self.cloud.nodes(self.cluster_name)
-        running = [n for n in existing if n.status is NodeStatus.RUNNING]
-        if len(existing) >= wanted and len(running) == len(existing):
-            return existing
-        request = ProvisionRequest(self.cluster_name, max(wanted, len(existing)), task.resources)
-        return self.cloud.provision(request)
+        return self.cluster.provision(task.num_nodes, task.resources)
 
     def nodes(self) -> list[Node]:
-        return self.cloud.nodes(self.cluster_name)
+        return self.cluster.nodes()
 
     def running_nodes(self, expected: int | None = None) -> list[Node]:
-        """The cluster's nodes, all RUNNING; a clear error otherwise."""
-        nodes = self.nodes()
-        if not nodes:
-            raise ClusterError(f"cluster {self.cluster_name!r} does not exist on {self.infra}")
-        down = [f"rank {n.rank} is {n.status.value}" for n in nodes if n.status is not NodeStatus.RUNNING]
-        if down:
-            raise ClusterError(f"cluster {self.cluster_name!r} is not healthy: {', '.join(down)}")
-        if expected is not None and len(nodes) < expected:
-            raise ClusterError(
-                f"cluster {self.cluster_name!r} has {len(nodes)} nodes; the job needs {expected}"
-            )
-        return nodes
+        return self.cluster.running_nodes(expected)
 
     def terminate(self) -> None:
-        self.cloud.terminate(self.cluster_name)
+        self.cluster.terminate()
 
-    def cluster_info(self) -> ClusterInfo:
-        return self.cloud.cluster_info(self.cluster_name)
+    # ---- files -----------------------------------------------------------------------------------------
 
-    # ---- SSH -------------------------------------------------------------------------------------------
+    def sync_task_files(
+        self,
+        node: Node,
+        task: Task,
+        log: Callable[[str], None],
+        aws_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
+    ) -> UploadResult:
+        """The workdir and file_mounts (local paths and buckets) onto `node`."""
+        with self.cluster.client(node) as client:
+            return upload_task_files(client, task, log, aws_conn_id, gcp_conn_id)
 
-    def client(self, node: Node, conn_retry_attempts: int = 3) -> NodeClient:
-        """A connection to `node`; a poller that retries on its own passes conn_retry_attempts=1, so a
-        node that is gone is noticed at once instead of after the SSH hook's waits between attempts."""
-        return NodeClient(
-            node, self.cloud.ssh_private_key(self.cluster_name), conn_retry_attempts=conn_retry_attempts
-        )
-
-    @contextlib.contextmanager
-    def clients(self, nodes: Sequence[Node], conn_retry_attempts: int = 3) -> Iterator[dict[int, NodeClient]]:
-        """One connection per node (rank -> client), closed on exit."""
-        opened = {node.rank: self.client(node, conn_retry_attempts) for node in nodes}
-        try:
-            yield opened
-        finally:
-            for client in opened.values():
-                client.close()
-
-    @staticmethod
-    def fan_out(items: Sequence[Any], fn: Any) -> list[Any]:
-        """Run fn(item) for every item with bounded parallelism; results in input order, first error raised."""
-        if not items:
-            return []
-        with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_SSH, len(items))) as pool:
-            return list(pool.map(fn, items))
-
-    # ---- env -------------------------------------------------------------------------------------------
-
-    def phase_env(self, task: Task, handle: JobHandle, phase: Phase, rank: int) -> envs.NodeEnv:
-        """The env of `rank`'s setup or run script: SKYPILOT_* from the job's nodes, plus envs and secrets."""
-        nodes = handle.phase_nodes(phase)
-        ips = [n.internal_ip for n in nodes]
-        info = self.cluster_info()
-        # What the infra really gave each node (a local node has none, whatever the task asked for).
-        gpus = max(math.ceil(n.gpus) for n in nodes)
-        build = envs.setup_envs if phase == "setup" else envs.run_envs
-        node_envs = build(task, ips, info, handle.sky_task_id, gpus)
-        return node_envs[[n.rank for n in nodes].index(rank)]
+    def upload_artifacts(
+        self,
+        nodes: Sequence[Node],
+        paths: Sequence[str],
+        destination: str,
+        per_rank: bool,
+        log: Callable[[str], None],
+        aws_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Stream `paths` from each of `nodes` to `destination`; returns {artifact: uri}."""
+        with self.cluster.clients(nodes) as clients:
+            return artifacts.upload_artifacts(
+                clients, nodes, paths, destination, per_rank, log, aws_conn_id, gcp_conn_id
+            )

@@ -1,4 +1,4 @@
-"""Thin Airflow operators for each phase of a job; the logic lives in hooks and airflow_sky.gang."""
+"""Thin Airflow operators for each phase of a job; the logic lives in hooks and airflow_sky.gang.follow."""
 
 from airflow_sky.operators.collect import SkyCollectOperator
 from airflow_sky.operators.launch import SkyLaunchOperator

@@ -10,13 +10,12 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.log import mask_secret
 
-from airflow_sky import events
-from airflow_sky.clouds.base import Node
+from airflow_sky.gang.job import JobHandle
+from airflow_sky.gang.recovery import RECOVERY_XCOM_KEY, latest_announced
 from airflow_sky.hooks.cluster import SkyClusterHook
-from airflow_sky.job import JobHandle
-from airflow_sky.recovery import RECOVERY_XCOM_KEY, latest_announced
-from airflow_sky.spec import Task
-from airflow_sky.templating import protect_shell_syntax
+from airflow_sky.infra.base import Node
+from airflow_sky.task import Task
+from airflow_sky.task.templating import protect_shell_syntax
 
 # Mapped per-node tasks show up in the UI as e.g. "rank 1 · 127.0.0.3".
 NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['internal_ip'] }}"
@@ -38,9 +37,7 @@ class SkyBaseOperator(BaseOperator):
         conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        callbacks = kwargs.pop("on_failure_callback", None) or []
-        callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
-        super().__init__(on_failure_callback=[_publish_failure, *callbacks], **kwargs)
+        super().__init__(**kwargs)
         # A copy per operator: rendering templates fills the spec in place. Shell syntax that Jinja would
         # misread is escaped here, not at render time: a mapped task renders without calling our hooks.
         self.sky_task = copy.deepcopy(sky_task)
@@ -58,14 +55,6 @@ class SkyBaseOperator(BaseOperator):
     def rank(self) -> int | None:
         node = getattr(self, "node", None)
         return int(node["rank"]) if isinstance(node, dict) and "rank" in node else None
-
-    def pre_execute(self, context: Any) -> None:
-        events.publish(events.Event("task_started", self.step, self.rank))
-        super().pre_execute(context)
-
-    def post_execute(self, context: Any, result: Any = None) -> None:
-        super().post_execute(context, result)
-        events.publish(events.Event("task_done", self.step, self.rank))
 
     def handle(self) -> JobHandle:
         return JobHandle.from_dict(self.cluster)
@@ -104,13 +93,3 @@ class SkyBaseOperator(BaseOperator):
     def group_prefix(self) -> str:
         """`group.` for a task inside sky_job's TaskGroup (used to find sibling tasks' XComs)."""
         return self.task_id.rsplit(".", 1)[0] + "." if "." in self.task_id else ""
-
-
-def _publish_failure(context: Any) -> None:
-    """Tell in-process listeners (the CLI) why a task failed; the Airflow log has the traceback."""
-    task = context["task"]
-    error = context.get("exception")
-    step = task.task_id.rsplit(".", 1)[-1]
-    events.publish(
-        events.Event("task_failed", step, getattr(task, "rank", None), str(error) if error else "failed")
-    )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_sky.errors import ClusterError
+from airflow_sky.gang.job import JobStatus
+from airflow_sky.gang.phases import check_run_nodes, set_status
 from airflow_sky.operators.base import SkyBaseOperator
-from airflow_sky.remote import queue
 
 
 class SkyLaunchOperator(SkyBaseOperator):
@@ -16,19 +16,9 @@ class SkyLaunchOperator(SkyBaseOperator):
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         handle = self.handle()
-        hook = self.hook(handle)
-        current = {n.rank: n for n in hook.nodes()}
-        missing = [
-            n.rank
-            for n in handle.run_nodes
-            if n.rank not in current or current[n.rank].instance_id != n.instance_id
-        ]
-        if missing:
-            raise ClusterError(
-                f"cluster {handle.cluster_name}: nodes of rank {missing} changed or vanished since provisioning"
-            )
-        with hook.client(handle.nodes[0]) as head:
-            queue.update_record(head, handle.job_id, status=queue.JobStatus.RUNNING)
+        cluster = self.hook(handle).cluster
+        check_run_nodes(cluster, handle)
+        set_status(cluster, handle, JobStatus.RUNNING)
         self.log.info(
             "Launching the run on %d nodes: %s",
             handle.num_run_nodes,

@@ -8,20 +8,17 @@ has not started.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import conf
 
-from airflow_sky import events
-from airflow_sky.errors import JobFailed, RemoteError
-from airflow_sky.gang import KILLED_EXIT_CODE, GangFollower, Relaunch
-from airflow_sky.job import JobHandle, Phase
-from airflow_sky.logs import redactor
-from airflow_sky.operators.base import SkyBaseOperator
-from airflow_sky.recovery import (
+from airflow_sky.errors import JobFailed
+from airflow_sky.gang.follow import GangFollower, Relaunch
+from airflow_sky.gang.job import JobHandle, JobStatus, Phase
+from airflow_sky.gang.phases import kill_rank, read_result, set_status, start_rank
+from airflow_sky.gang.recovery import (
     DEFAULT_MAX_RECOVERIES,
     RECOVERY_XCOM_KEY,
     Decision,
@@ -29,9 +26,10 @@ from airflow_sky.recovery import (
     decide,
     latest_announced,
 )
-from airflow_sky.relaunch import RECOVERY_COUNT_ENV, claim_lead, current_nodes, relaunch, unhealthy_ranks
-from airflow_sky.remote import jobs, queue
-from airflow_sky.remote.shell import JOBS_DIR
+from airflow_sky.gang.relaunch import claim_lead, current_nodes, relaunch
+from airflow_sky.infra.cluster import Cluster
+from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.task.redaction import redactor
 from airflow_sky.triggers import SkyFollowTrigger
 
 _WAIT_FOR_LEADER_S = 1800.0
@@ -50,8 +48,8 @@ class _PhaseOperator(SkyBaseOperator):
         return self.sky_task.setup if self.phase == "setup" else self.sky_task.run
 
     @property
-    def failed_status(self) -> queue.JobStatus:
-        return queue.JobStatus.FAILED_SETUP if self.phase == "setup" else queue.JobStatus.FAILED
+    def failed_status(self) -> JobStatus:
+        return JobStatus.FAILED_SETUP if self.phase == "setup" else JobStatus.FAILED
 
 
 class SkyStartOperator(_PhaseOperator):
@@ -69,36 +67,23 @@ class SkyStartOperator(_PhaseOperator):
         rank = int(self.node["rank"])
         if self.script is None:
             self.log.info("The task has no %s section; nothing to start on rank %d", self.phase, rank)
-            return {"rank": rank, "pid": None, "started": False}
-        hook = self.hook(handle)
-        env = hook.phase_env(self.sky_task, handle, self.phase, rank).env
-        if self.phase == "run":
-            env[RECOVERY_COUNT_ENV] = str(handle.generation)
-        try:
-            with hook.client(handle.node(rank)) as client:
-                if self.phase == "setup" and rank == handle.nodes[0].rank:
-                    queue.update_record(client, handle.job_id, status=queue.JobStatus.SETTING_UP)
-                start = jobs.start_job(
-                    client, handle.remote_job_id(self.phase), self.script, env, handle.generation
-                )
-        except RemoteError:
-            if self.phase != "run" or rank not in unhealthy_ranks(hook, [handle.node(rank)]):
-                raise
+        start = start_rank(self.hook(handle).cluster, self.sky_task, handle, self.phase, rank)
+        if start.lost:
             # Preempted between provisioning and now: recovering is the run follow tasks' job.
             self.log.warning(
                 "The node of rank %d is gone (%s): the run follow tasks will recover the job",
                 rank,
                 handle.node(rank).internal_ip,
             )
-            return {"rank": rank, "pid": None, "started": False, "lost": True}
-        self.log.info(
-            "%s %s on rank %d (pid %s)",
-            "Started" if start.started else "Attached to",
-            self.phase,
-            rank,
-            start.pid,
-        )
-        return {"rank": rank, "pid": start.pid, "started": start.started}
+        elif self.script is not None:
+            self.log.info(
+                "%s %s on rank %d (pid %s)",
+                "Started" if start.started else "Attached to",
+                self.phase,
+                rank,
+                start.pid,
+            )
+        return start.to_dict()
 
 
 class SkyFollowOperator(_PhaseOperator):
@@ -107,7 +92,7 @@ class SkyFollowOperator(_PhaseOperator):
     Also watches the other nodes of the phase: when one fails, the rest are killed (exit code 137) and every
     follow task fails naming the rank and exit code that caused it. In the run phase, a lost node (or an
     exit code the task's job_recovery allows) relaunches the job instead: the head rank's follow task leads
-    (airflow_sky.relaunch), the others follow the new generation. Returns the JSON the job wrote to
+    (airflow_sky.gang.relaunch), the others follow the new generation. Returns the JSON the job wrote to
     $AIRFLOW_SKY_XCOM_DIR/return.json on its node (None when absent) in the run phase.
 
     :param max_recoveries: relaunches allowed for lost nodes and recover_on_exit_codes (default 3).
@@ -148,43 +133,40 @@ class SkyFollowOperator(_PhaseOperator):
 
     def _follow(self, context: Any, handle: JobHandle, state: RecoveryState, offset: int) -> Any:
         rank = int(self.node["rank"])
-        hook = self.hook(handle)
+        cluster = self.hook(handle).cluster
         while True:
             phase_ranks = {p.rank for p in handle.phase_nodes(self.phase)}
             nodes = [n for n in current_nodes(handle, state) if n.rank in phase_ranks]
-            self._following = (hook, nodes, state.generation)
-            with hook.clients(nodes, conn_retry_attempts=1) as clients:
+            self._following = (cluster, nodes, state.generation)
+            with cluster.clients(nodes, conn_retry_attempts=1) as clients:
                 follower = GangFollower(
                     job_id=handle.remote_job_id(self.phase),
                     generation=state.generation,
                     rank=rank,
                     clients=clients,
                     emit=self._log,
-                    publish=functools.partial(self._publish_node_line, handle, state.generation),
-                    tail_siblings=events.has_listeners(),
                     setup=self.phase == "setup",
                     failed_status=self.failed_status.value,
-                    on_failure=functools.partial(self._record_failure, clients[nodes[0].rank], handle),
-                    triage=self._triage(context, hook, handle, state, nodes) if self.phase == "run" else None,
+                    on_failure=functools.partial(self._record_failure, cluster, handle),
+                    triage=self._triage(context, cluster, handle, state, nodes)
+                    if self.phase == "run"
+                    else None,
                     start_offset=offset,
                     until_quiet=self.deferrable,
                 )
                 try:
                     result = follower.run()
                 except Relaunch as relaunching:
-                    state = self._next_generation(context, hook, handle, state, relaunching)
+                    state = self._next_generation(context, cluster, handle, state, relaunching)
                     offset = 0
                     continue
                 except JobFailed as e:
                     self.log.error("%s: %s", e.status, e)
-                    code = e.exit_code if e.rank == rank or e.exit_code == KILLED_EXIT_CODE else None
-                    events.publish(events.Event("exit", self.step, rank, str(e), exit_code=code))
                     raise
-                if result.running:
-                    self._defer(handle, nodes, state, result.offset)
-                events.publish(events.Event("exit", self.step, rank, exit_code=0))
-                if self.phase == "run":
-                    return self._return_value(clients[rank], handle, rank)
+            if result.running:
+                self._defer(handle, nodes, state, result.offset)
+            if self.phase == "run":
+                return read_result(cluster, handle, next(n for n in nodes if n.rank == rank))
             return None
 
     def _defer(self, handle: JobHandle, nodes: list[Any], state: RecoveryState, offset: int) -> None:
@@ -210,14 +192,13 @@ class SkyFollowOperator(_PhaseOperator):
         following = getattr(self, "_following", None)
         if following is None:
             return
-        hook, nodes, generation = following
+        cluster, nodes, generation = following
         rank = int(self.node["rank"])
         node = next((n for n in nodes if n.rank == rank), None)
         if node is None:
             return
         self.log.info("Killing rank %d's processes on %s", rank, node.internal_ip)
-        with hook.client(node) as client:
-            jobs.kill_job(client, self.handle().remote_job_id(self.phase), generation, grace_s=5.0)
+        kill_rank(cluster, self.handle().remote_job_id(self.phase), node, generation)
 
     # ---- recovery ----------------------------------------------------------------------------------
 
@@ -232,21 +213,21 @@ class SkyFollowOperator(_PhaseOperator):
         return state if state.generation >= handle.generation else RecoveryState(generation=handle.generation)
 
     def _triage(
-        self, context: Any, hook: Any, handle: JobHandle, state: RecoveryState, nodes: list[Any]
+        self, context: Any, cluster: Cluster, handle: JobHandle, state: RecoveryState, nodes: list[Any]
     ) -> Any:
         def triage(rank: int, code: int | None) -> Decision | None:
             if self._announced_state(context, handle).generation > state.generation:
                 return None  # the leader relaunched already: follow the new generation
-            bad = unhealthy_ranks(hook, nodes)
+            bad = cluster.unhealthy_ranks(nodes)
             return decide(bad, code, self.sky_task.job_recovery, state, self.max_recoveries)
 
         return triage
 
     def _next_generation(
-        self, context: Any, hook: Any, handle: JobHandle, state: RecoveryState, relaunching: Relaunch
+        self, context: Any, cluster: Cluster, handle: JobHandle, state: RecoveryState, relaunching: Relaunch
     ) -> RecoveryState:
-        if relaunching.decision is not None and claim_lead(hook, handle, state, int(self.node["rank"])):
-            new_state = relaunch(hook, self.sky_task, handle, state, relaunching.decision, self._emit)
+        if relaunching.decision is not None and claim_lead(cluster, handle, state, int(self.node["rank"])):
+            new_state = relaunch(cluster, self.sky_task, handle, state, relaunching.decision, self._log)
             context["ti"].xcom_push(key=RECOVERY_XCOM_KEY, value=new_state.to_dict())
             return new_state
         self.log.info("Waiting for the head rank's task to relaunch the job (%s)", relaunching)
@@ -271,33 +252,5 @@ class SkyFollowOperator(_PhaseOperator):
         """Into this task's log: its own node's lines and its own messages."""
         self.log.info("%s", self._redact(line))
 
-    def _emit(self, line: str) -> None:
-        self._log(line)
-        events.publish(events.Event("log", self.step, int(self.node["rank"]), self._redact(line)))
-
-    def _publish_node_line(
-        self, handle: JobHandle, generation: int, rank: int, number: int, line: str
-    ) -> None:
-        events.publish_line(
-            (handle.cluster_name, handle.job_id, self.step, generation, rank),
-            number,
-            events.Event("log", self.step, rank, self._redact(line)),
-        )
-
-    def _record_failure(self, head: Any, handle: JobHandle, rank: int, code: int) -> None:
-        queue.update_record(
-            head, handle.job_id, status=self.failed_status, failed_rank=rank, failed_exit_code=code
-        )
-
-    def _return_value(self, client: Any, handle: JobHandle, rank: int) -> Any:
-        job_id = handle.remote_job_id("run")
-        raw = jobs.read_xcom(client, job_id)
-        if raw is None:
-            return None
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as e:
-            path = f"~/{JOBS_DIR}/{job_id}/xcom/return.json"
-            raise JobFailed(
-                f"rank {rank} ({client.node.internal_ip}): {path} is not valid JSON: {e}", rank=rank
-            ) from e
+    def _record_failure(self, cluster: Cluster, handle: JobHandle, rank: int, code: int) -> None:
+        set_status(cluster, handle, self.failed_status, failed_rank=rank, failed_exit_code=code)

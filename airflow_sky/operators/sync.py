@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_sky.operators.base import SkyBaseOperator
-from airflow_sky.task_files import upload_task_files
 
 
 class SkySyncOperator(SkyBaseOperator):
@@ -33,8 +32,7 @@ class SkySyncOperator(SkyBaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         handle = self.handle()
         node = handle.node(int(self.node["rank"]))
-        with self.hook(handle).client(node) as client:
-            result = upload_task_files(
-                client, self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id
-            )
+        result = self.hook(handle).sync_task_files(
+            node, self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id
+        )
         return {"rank": node.rank, "files_sent": result.files_sent, "method": result.method}

@@ -12,21 +12,16 @@ event loop never blocks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_sky.clouds.base import Node
-from airflow_sky.errors import RemoteError
-from airflow_sky.gang import UNREACHABLE_GRACE_S
-from airflow_sky.log_tail import LogTail
-from airflow_sky.logs import redactor
-from airflow_sky.remote import jobs
-from airflow_sky.remote.client import NodeClient
+from airflow_sky.gang.phases import kill_rank
+from airflow_sky.gang.watch import RankWatch
+from airflow_sky.hooks.cluster import SkyClusterHook
+from airflow_sky.infra.base import Node
+from airflow_sky.task.redaction import redactor
 
 
 class SkyFollowTrigger(BaseTrigger):
@@ -87,8 +82,25 @@ class SkyFollowTrigger(BaseTrigger):
             },
         )
 
+    def _watch(self) -> RankWatch:
+        redact = redactor(self.secrets.values())
+        return RankWatch(
+            self._hook().cluster,
+            [Node.from_dict(n) for n in self.nodes],
+            self.rank,
+            self.job_id,
+            self.generation,
+            self.offset,
+            self.setup,
+            emit=lambda line: self.log.info("%s", redact(line)),
+            sibling_interval_s=self.sibling_interval_s,
+        )
+
+    def _hook(self) -> SkyClusterHook:
+        return SkyClusterHook(self.cluster_name, self.infra, self.conn_id)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = _Watch(self)
+        watch = self._watch()
         try:
             while True:
                 reason = await asyncio.to_thread(watch.poll)
@@ -108,110 +120,4 @@ class SkyFollowTrigger(BaseTrigger):
 
     def _kill(self) -> None:
         node = next(Node.from_dict(n) for n in self.nodes if int(n["rank"]) == self.rank)
-        with _hook(self).client(node) as client:
-            jobs.kill_job(client, self.job_id, self.generation, sig=signal.SIGTERM, grace_s=5.0)
-
-
-def _hook(trigger: SkyFollowTrigger) -> Any:
-    from airflow_sky.hooks.cluster import SkyClusterHook
-
-    return SkyClusterHook(trigger.cluster_name, trigger.infra, trigger.conn_id)
-
-
-class _Watch:
-    """The blocking part of the trigger (paramiko), run one poll at a time in a thread."""
-
-    def __init__(self, trigger: SkyFollowTrigger) -> None:
-        self.trigger = trigger
-        self._stack = contextlib.ExitStack()
-        self._clients: dict[int, NodeClient] | None = None
-        self._redact = redactor(trigger.secrets.values())
-        self._log: LogTail | None = None  # this rank's log, once connected
-        self._next_sibling_check = 0.0
-        self._unreachable_since: dict[int, float] = {}
-        self.behind = False  # more log to read than one poll returned
-        self.own_done = False  # this rank exited 0; waiting for the others
-
-    @property
-    def line_offset(self) -> int:
-        """The end of the last whole line logged: where the resumed task goes on."""
-        return self._log.line_offset if self._log is not None else self.trigger.offset
-
-    def clients(self) -> dict[int, NodeClient]:
-        if self._clients is None:
-            trigger = self.trigger
-            nodes = [Node.from_dict(n) for n in trigger.nodes]
-            self._clients = self._stack.enter_context(_hook(trigger).clients(nodes, conn_retry_attempts=1))
-            self._log = LogTail(
-                self._clients[trigger.rank],
-                trigger.job_id,
-                trigger.generation,
-                trigger.setup,
-                lambda line: trigger.log.info("%s", self._redact(line)),
-                offset=trigger.offset,
-                keep=0,
-            )
-        return self._clients
-
-    def poll(self) -> str | None:
-        """One round: log new lines; return why the task must wake up, or None to keep waiting."""
-        trigger = self.trigger
-        try:
-            clients = self.clients()
-        except RemoteError:
-            return self._unreachable(trigger.rank)
-        if not self.own_done:
-            reason = self._poll_own()
-            if reason is not None or self.behind:
-                return reason
-        if time.monotonic() < self._next_sibling_check:
-            return None
-        self._next_sibling_check = time.monotonic() + trigger.sibling_interval_s
-        return self._check_siblings(clients)
-
-    def _poll_own(self) -> str | None:
-        assert self._log is not None
-        rank = self.trigger.rank
-        try:
-            poll = self._log.poll()
-        except RemoteError:
-            return self._unreachable(rank)
-        self._unreachable_since.pop(rank, None)
-        self.behind = not poll.caught_up
-        if self._log.ended:
-            if poll.missing or poll.exit_code != 0:
-                return f"rank {rank} ended"
-            # Succeeded: the phase has not, until every rank has (a sibling may still be lost and relaunched).
-            self.own_done = True
-            self._next_sibling_check = 0.0
-        return None
-
-    def _check_siblings(self, clients: dict[int, NodeClient]) -> str | None:
-        all_ended = True
-        for rank, client in clients.items():
-            if rank == self.trigger.rank:
-                continue
-            try:
-                state = jobs.poll_job(client, self.trigger.job_id, self.trigger.generation, 0, max_bytes=0)
-            except RemoteError:
-                reason = self._unreachable(rank)
-                if reason is not None:
-                    return reason
-                all_ended = False
-                continue
-            self._unreachable_since.pop(rank, None)
-            if state.missing or state.lost or state.exit_code not in (None, 0):
-                return f"rank {rank} failed or was lost"
-            all_ended = all_ended and state.exit_code is not None
-        return "every rank ended" if self.own_done and all_ended else None
-
-    def _unreachable(self, rank: int) -> str | None:
-        since = self._unreachable_since.setdefault(rank, time.monotonic())
-        if time.monotonic() - since >= UNREACHABLE_GRACE_S:
-            return f"rank {rank} unreachable"
-        if rank == self.trigger.rank and self._clients is not None:
-            self._clients[rank].close()  # reconnect on the next poll
-        return None
-
-    def close(self) -> None:
-        self._stack.close()
+        kill_rank(self._hook().cluster, self.job_id, node, self.generation)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_sky.local import daemon
+from airflow_sky.infra.local import daemon
 
-CLI = [sys.executable, "-m", "airflow_sky.cli"]
+CLI = [sys.executable, "-m", "airflow_sky.client.cli"]
 CLUSTER = "jobs-kept"
 
 HELLO = """\

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from airflow_sky.local import daemon
+from airflow_sky.infra.local import daemon
 
 DAG = """
 from airflow.sdk import DAG

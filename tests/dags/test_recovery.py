@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_sky.clouds.local import LocalCloud
-from airflow_sky.local import daemon, layout
+from airflow_sky.infra.local import daemon, layout
+from airflow_sky.infra.local.cloud import LocalCloud
 
 REPO = Path(__file__).resolve().parents[2]
 

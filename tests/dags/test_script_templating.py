@@ -6,7 +6,7 @@ import jinja2
 import pytest
 
 from airflow_sky import Task
-from airflow_sky.templating import as_literal, keep_literal, protect_shell_syntax
+from airflow_sky.task.templating import as_literal, keep_literal, protect_shell_syntax
 
 
 def render(template: str, **context: object) -> str:

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from airflow_sky.local import daemon, layout
+from airflow_sky.infra.local import daemon, layout
 
 PROBE_SETUP = 'date +%s.%N > "$PROBE_DIR/setup-start-$SKYPILOT_SETUP_NODE_RANK"; sleep {sleep}; date +%s.%N > "$PROBE_DIR/setup-end-$SKYPILOT_SETUP_NODE_RANK"'
 PROBE_RUN = """\

@@ -5,10 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from airflow_sky.clouds.base import NodeStatus, ProvisionRequest
-from airflow_sky.clouds.local import LocalCloud
-from airflow_sky.local import daemon, layout
-from airflow_sky.remote import NodeClient
+from airflow_sky.infra.base import NodeStatus, ProvisionRequest
+from airflow_sky.infra.local import daemon, layout
+from airflow_sky.infra.local.cloud import LocalCloud
+from airflow_sky.node.client import NodeClient
 
 
 def test_three_nodes_have_distinct_addresses_and_homes(local_cluster):
@@ -54,7 +54,7 @@ def test_wrong_host_key_is_refused(local_cluster):
 def test_provision_is_idempotent_and_grows_a_cluster(local_cluster):
     name, nodes, _ = local_cluster(2)
     cloud = LocalCloud()
-    from airflow_sky.clouds.base import ProvisionRequest
+    from airflow_sky.infra.base import ProvisionRequest
 
     again = cloud.provision(ProvisionRequest(cluster_name=name, num_nodes=2))
     assert [n.instance_id for n in again] == [n.instance_id for n in nodes]
@@ -78,7 +78,7 @@ def test_preempt_then_replace_keeps_the_rank_on_a_new_address(local_cluster):
 
 
 def test_local_cli_up_ls_down_leaves_no_process(tmp_path):
-    cli = [sys.executable, "-m", "airflow_sky.cli", "local"]
+    cli = [sys.executable, "-m", "airflow_sky.client.cli", "local"]
     up = subprocess.run([*cli, "up", "clidemo", "--nodes", "3"], capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
     ls = subprocess.run([*cli, "ls"], capture_output=True, text=True, timeout=60)
@@ -93,7 +93,7 @@ def test_local_cli_up_ls_down_leaves_no_process(tmp_path):
 def test_preempt_of_unknown_rank_is_a_one_line_error(local_cluster):
     name, _, _ = local_cluster(1)
     result = subprocess.run(
-        [sys.executable, "-m", "airflow_sky.cli", "local", "preempt", name, "5"],
+        [sys.executable, "-m", "airflow_sky.client.cli", "local", "preempt", name, "5"],
         capture_output=True,
         text=True,
     )

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_sky.artifacts import destination_uri, remote_path, validate_destination
 from airflow_sky.errors import SpecError
-from airflow_sky.logs import LineSplitter, node_prefix, redactor
+from airflow_sky.node.artifacts import destination_uri, validate_destination
+from airflow_sky.node.logs import LineSplitter, node_prefix
+from airflow_sky.node.paths import remote_path
+from airflow_sky.task.redaction import redactor
 
 
 def test_prefixes_match_skypilot():
@@ -44,7 +46,7 @@ def test_artifact_destinations():
 
 def test_mounts_split_into_local_uploads_and_bucket_copies():
     from airflow_sky import Task
-    from airflow_sky.task_files import bucket_mounts, local_uploads
+    from airflow_sky.node.files import bucket_mounts, local_uploads
 
     task = Task(
         run="x",
@@ -62,7 +64,7 @@ def test_mounts_split_into_local_uploads_and_bucket_copies():
 
 
 def test_the_newest_announced_generation_wins_whoever_led():
-    from airflow_sky.recovery import latest_announced
+    from airflow_sky.gang.recovery import latest_announced
 
     announced = [None, {"generation": 2, "recoveries": 2, "restarts": 0, "nodes": []}, {"generation": 1}]
     assert latest_announced(announced).generation == 2

@@ -8,15 +8,16 @@ import subprocess
 import sys
 import textwrap
 
-from airflow_sky.local import daemon
-from airflow_sky.remote import NodeClient, start_job
+from airflow_sky.infra.local import daemon
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.jobs import start_job
 
 FOLLOWER = textwrap.dedent(
     """
     import json, sys
-    from airflow_sky.clouds.base import Node
-    from airflow_sky.gang import GangFollower
-    from airflow_sky.remote import NodeClient
+    from airflow_sky.infra.base import Node
+    from airflow_sky.gang.follow import GangFollower
+    from airflow_sky.node.client import NodeClient
 
     nodes, key = json.loads(sys.argv[1]), sys.argv[2]
     clients = {n["rank"]: NodeClient(Node.from_dict(n), key) for n in nodes}

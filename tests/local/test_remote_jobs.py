@@ -6,8 +6,9 @@ import json
 import signal
 import time
 
-from airflow_sky.local import daemon
-from airflow_sky.remote import NodeClient, kill_job, poll_job, read_xcom, start_job
+from airflow_sky.infra.local import daemon
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.jobs import kill_job, poll_job, read_xcom, start_job
 
 
 def _wait_done(

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_sky.remote import NodeClient
-from airflow_sky.remote.sync import ignore_spec, iter_files, sync_dir
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.sync import ignore_spec, iter_files, sync_dir
 
 
 def _make_tree(root: Path, count: int) -> None:

@@ -7,11 +7,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from airflow_sky import envs
-from airflow_sky.clouds.local import LocalCloud
-from airflow_sky.remote import NodeClient, poll_job, read_xcom, start_job
-from airflow_sky.remote.sync import sync_dir
-from airflow_sky.spec import Task
+from airflow_sky.infra.local.cloud import LocalCloud
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.jobs import poll_job, read_xcom, start_job
+from airflow_sky.node.sync import sync_dir
+from airflow_sky.task import Task, envs
 from tests.ports import free_port
 
 WORKLOADS = Path(__file__).resolve().parent.parent / "workloads"
@@ -37,7 +37,7 @@ def test_two_node_torchrun_ddp_reports_world_size_two(local_cluster):
         for client in clients:
             sync_dir(client, WORKLOADS, "~/sky_workdir")
         for client, node_env in zip(clients, node_envs, strict=True):
-            start_job(client, "ddp", task.run or "", node_env.env)
+            start_job(client, "ddp", task.run or "", node_env)
         logs = {}
         deadline = time.monotonic() + 240
         for client in clients:

@@ -9,21 +9,20 @@ import pytest
 
 from airflow_sky import Task
 from airflow_sky.errors import JobFailed
-from airflow_sky.gang import GangFollower
-from airflow_sky.hooks.cluster import SkyClusterHook
-from airflow_sky.recovery import RecoveryState, decide
-from airflow_sky.relaunch import unhealthy_ranks
-from airflow_sky.remote import NodeClient
+from airflow_sky.gang.follow import GangFollower
+from airflow_sky.gang.recovery import RecoveryState, decide
+from airflow_sky.infra.registry import open_cluster
+from airflow_sky.node.client import NodeClient
 from tests.ports import free_port
 
 
 def test_unreachable_node_that_the_infra_reports_up_is_waited_for_then_fails_as_unreachable(local_cluster):
     name, nodes, key = local_cluster(1)
-    hook = SkyClusterHook(name, "local")
+    cluster = open_cluster(name, "local")
     policy = Task(run="true").job_recovery
 
     def triage(rank: int, code: int | None):  # the operator's own rule, against the real infra's status
-        return decide(unhealthy_ranks(hook, nodes), code, policy, RecoveryState(generation=0))
+        return decide(cluster.unhealthy_ranks(nodes), code, policy, RecoveryState(generation=0))
 
     # The node runs (the infra says so) but its SSH port refuses us: what a network partition looks like.
     unreachable = NodeClient(dataclasses.replace(nodes[0], ssh_port=free_port()), key, conn_retry_attempts=1)

@@ -69,7 +69,7 @@ def _wait_for(what: str, check: Any, timeout_s: float, stack: subprocess.Popen[b
 
 def _preempt_when_running(config: dict[str, Any]) -> bool:
     """Preempt the configured rank once the probe file has enough lines; True once done."""
-    from airflow_sky.clouds.local import LocalCloud
+    from airflow_sky.infra.local.cloud import LocalCloud
 
     probe = Path(config["probe"])
     if probe.exists() and len(probe.read_text().splitlines()) >= int(config["lines"]):

@@ -16,7 +16,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from airflow_sky.local import daemon
+from airflow_sky.infra.local import daemon
 
 DRIVER = Path(__file__).with_name("stack_driver.py")
 CLUSTER = "real-sched"

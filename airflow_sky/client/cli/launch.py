@@ -1,0 +1,236 @@
+"""`airflow-sky launch | exec | status | down`: run jobs and manage clusters, like `sky` does."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import secrets
+import signal
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from airflow_sky.client.cli.common import add_env_arguments, load_task
+from airflow_sky.client.engine import LaunchOptions
+from airflow_sky.errors import SpecError
+from airflow_sky.task import Task
+
+
+def register(subparsers: Any) -> None:
+    launch = subparsers.add_parser(
+        "launch",
+        help="launch a cluster (or reuse it) and run a task on it, as an Airflow DAG run in this process",
+    )
+    launch.add_argument("file", metavar="FILE.yaml", help="the task YAML")
+    launch.add_argument("-c", "--cluster", help="cluster name (default: sky-<random>-<user>)")
+    _add_task_overrides(launch)
+    down = launch.add_mutually_exclusive_group()
+    down.add_argument(
+        "--down", dest="down", action="store_true", help="tear the cluster down when the job ends"
+    )
+    down.add_argument("--no-down", dest="down", action="store_false", help="keep the cluster (the default)")
+    launch.set_defaults(down=False)
+    launch.add_argument("--no-setup", action="store_true", help="skip the setup section")
+    launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    launch.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
+    launch.set_defaults(handler=_launch)
+
+    exec_ = subparsers.add_parser(
+        "exec", help="sync the workdir to a running cluster and run the task (no setup)"
+    )
+    exec_.add_argument("cluster", help="an existing cluster")
+    exec_.add_argument("file", metavar="FILE.yaml", help="the task YAML")
+    _add_task_overrides(exec_)
+    exec_.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
+    exec_.set_defaults(handler=_exec)
+
+    status = subparsers.add_parser("status", help="show clusters and their nodes")
+    status.add_argument("clusters", nargs="*", help="only these clusters")
+    status.add_argument("--infra", default="local", help="infra to query (default: local)")
+    status.set_defaults(handler=_status)
+
+    down_cmd = subparsers.add_parser("down", help="tear a cluster down")
+    down_cmd.add_argument("clusters", nargs="+", help="cluster names")
+    down_cmd.set_defaults(handler=_down)
+
+
+def _add_task_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--infra", help="local (default), ssh/<pool>, aws[/region], gcp[/region]")
+    parser.add_argument("--num-nodes", type=int, help="override num_nodes")
+    parser.add_argument("--gpus", help="override resources.accelerators, e.g. L4:4")
+    parser.add_argument("--cpus", help="override resources.cpus, e.g. 8 or 4+")
+    add_env_arguments(parser)
+
+
+def _task_with_overrides(args: argparse.Namespace) -> Task:
+    task = load_task(args)
+    if args.num_nodes is not None:
+        if args.num_nodes < 1:
+            raise SpecError(f"--num-nodes: must be an integer >= 1, got {args.num_nodes}")
+        task.num_nodes = args.num_nodes
+    overrides = {k: v for k, v in (("accelerators", args.gpus), ("cpus", args.cpus)) if v is not None}
+    if overrides:
+        task.set_resources(task.resources.copy(**overrides))
+    return task
+
+
+def _infra(args: argparse.Namespace, task: Task) -> str:
+    return str(args.infra or task.resources.infra or "local")
+
+
+def _run(task: Task, options: Any) -> int:
+    """Run the launch in this process, printing progress; Ctrl-C detaches (the job keeps running)."""
+    from airflow_sky.client import sdk
+    from airflow_sky.client.cli.progress import ProgressPrinter, print_summary
+
+    # A handle on the real stdout: while the DAG runs, fd 1 goes to the launch's Airflow log file.
+    console = Console(
+        file=os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1), highlight=False, soft_wrap=True
+    )
+    started_at = time.time()
+    printer = ProgressPrinter(console)
+    job: dict[str, Any] = {}
+    main_pid = os.getpid()
+
+    def detach(signum: int, frame: Any) -> None:
+        # Detach hard: the job runs detached on its nodes; unwinding through Airflow's task runner would
+        # fail the task and run teardown, which is exactly what Ctrl-C must not do. The handler may
+        # interrupt a console write, so it writes to the raw fd and always ends in os._exit.
+        try:
+            if os.getpid() == main_pid:
+                _stop_helpers()
+                show_cursor = "\x1b[?25h" if console.is_terminal else ""  # the live status hid it
+                os.write(
+                    console.file.fileno(), (show_cursor + _detach_message(job, options.cluster_name)).encode()
+                )
+        finally:
+            os._exit(130)
+
+    def listener(event: Any) -> None:
+        if event.kind == "job":
+            job.update(event.data)
+        printer(event)
+
+    previous = signal.signal(signal.SIGINT, detach)
+    try:
+        outcome = sdk.run(task, options, listener)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        printer.close()
+    if not options.follow and outcome.job_id is not None:
+        console.print(
+            f"Job {outcome.job_id} started on {outcome.cluster_name}. Follow it: airflow-sky logs "
+            f"{outcome.cluster_name} {outcome.job_id}; status: airflow-sky logs --status {outcome.cluster_name} {outcome.job_id}"
+        )
+        return 0 if outcome.state == "success" else 1
+    print_summary(console, outcome, started_at)
+    if not options.down and outcome.job_id is not None:
+        console.print(
+            f"Cluster {outcome.cluster_name} is kept. Stop it with: airflow-sky down {outcome.cluster_name}"
+        )
+    return 0 if outcome.succeeded else 1
+
+
+def _detach_message(job: dict[str, Any], default_cluster: str) -> str:
+    cluster = job.get("cluster_name", default_cluster)
+    job_id = job.get("job_id")
+    if job_id is None:
+        return f"\nInterrupted before the job started on {cluster}.\n"
+    return (
+        f"\nDetached from the logs; job {job_id} keeps running on {cluster} (the cluster is kept).\n"
+        f"  Reattach: airflow-sky logs {cluster} {job_id}\n"
+        f"  Stop it:  airflow-sky cancel {cluster} {job_id}\n"
+        f"  Status:   airflow-sky queue {cluster}\n"
+    )
+
+
+def _stop_helpers() -> None:
+    """Kill the processes this launch forked (Airflow helpers, ssh, rsync), sparing local nodes and jobs."""
+    import psutil
+
+    from airflow_sky.infra.local.layout import NODE_MARKER_ENV
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if NODE_MARKER_ENV not in child.environ():
+                child.kill()
+        except psutil.Error:
+            continue
+
+
+def _launch(args: argparse.Namespace) -> int:
+    task = _task_with_overrides(args)
+    infra = _infra(args, task)
+    cluster = args.cluster or f"sky-{secrets.token_hex(2)}-{getpass.getuser()}"
+    if not args.yes and sys.stdin.isatty():
+        answer = input(
+            f"Launching {task.name or 'a task'} on cluster {cluster} ({infra}, {task.num_nodes} nodes). Proceed? [Y/n] "
+        )
+        if answer.strip().lower() not in ("", "y", "yes"):
+            print("Aborted.")
+            return 1
+    if args.detach_run and args.down:
+        raise SpecError(
+            "--down cannot be combined with --detach-run: the cluster would go down under the running job"
+        )
+    return _run(
+        task,
+        LaunchOptions(
+            cluster_name=cluster,
+            infra=infra,
+            down=args.down,
+            setup=not args.no_setup,
+            follow=not args.detach_run,
+        ),
+    )
+
+
+def _exec(args: argparse.Namespace) -> int:
+    task = _task_with_overrides(args)
+    from airflow_sky.client.sdk import infra_of
+
+    infra = args.infra or infra_of(args.cluster, task.resources.infra)
+    return _run(
+        task,
+        LaunchOptions(
+            cluster_name=args.cluster,
+            infra=infra,
+            down=False,
+            setup=False,
+            must_exist=True,
+            follow=not args.detach_run,
+        ),
+    )
+
+
+def _status(args: argparse.Namespace) -> int:
+    from airflow_sky.client import sdk
+
+    clusters = sdk.status(args.clusters or None, infra=args.infra)
+    console = Console(highlight=False, soft_wrap=True)
+    if not clusters:
+        console.print(f"No clusters on {args.infra}.")
+        return 0
+    table = Table(title=f"Clusters ({args.infra})")
+    for column in ("cluster", "nodes", "head ip", "status"):
+        table.add_column(column)
+    for cluster in clusters:
+        nodes = cluster["nodes"]
+        table.add_row(
+            cluster["name"], str(len(nodes)), nodes[0]["internal_ip"] if nodes else "-", cluster["status"]
+        )
+    console.print(table)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from airflow_sky.client import sdk
+
+    for name in args.clusters:
+        sdk.down(name)
+        print(f"Cluster {name} terminated.")
+    return 0

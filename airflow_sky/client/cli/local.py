@@ -1,0 +1,81 @@
+"""`airflow-sky local up|ls|preempt|down`: manage clusters of the embedded local infra by hand."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from airflow_sky.errors import SpecError
+from airflow_sky.infra.base import ProvisionRequest
+from airflow_sky.infra.local import layout
+from airflow_sky.infra.local.cloud import LocalCloud
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "local", help="manage clusters of the embedded local infra (node processes on this machine)"
+    )
+    commands = parser.add_subparsers(dest="local_command", metavar="ACTION", required=True)
+
+    up = commands.add_parser("up", help="start (or grow) a local cluster")
+    up.add_argument("name")
+    up.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    up.set_defaults(handler=_up)
+
+    ls = commands.add_parser("ls", help="list local clusters and their nodes")
+    ls.add_argument("name", nargs="?")
+    ls.set_defaults(handler=_ls)
+
+    preempt = commands.add_parser("preempt", help="kill one node without warning, like a spot preemption")
+    preempt.add_argument("name")
+    preempt.add_argument("rank", type=int)
+    preempt.set_defaults(handler=_preempt)
+
+    down = commands.add_parser("down", help="stop every node of a cluster and delete its state")
+    down.add_argument("name")
+    down.set_defaults(handler=_down)
+
+
+def _up(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise SpecError(f"--nodes: must be an integer >= 1, got {args.nodes}")
+    nodes = LocalCloud().provision(ProvisionRequest(cluster_name=args.name, num_nodes=args.nodes))
+    _print_nodes(args.name, nodes)
+    return 0
+
+
+def _ls(args: argparse.Namespace) -> int:
+    cloud = LocalCloud()
+    names = [args.name] if args.name else cloud.clusters()
+    if not names:
+        Console().print(f"no local clusters (state dir: {layout.root()})")
+        return 0
+    for name in names:
+        _print_nodes(name, cloud.nodes(name))
+    return 0
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    node = LocalCloud().preempt(args.name, args.rank)
+    Console().print(f"preempted rank {node.rank} of {args.name} ({node.internal_ip}): {node.status.value}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    LocalCloud().terminate(args.name)
+    Console().print(f"cluster {args.name} is down")
+    return 0
+
+
+def _print_nodes(name: str, nodes: list[Any]) -> None:
+    table = Table(title=f"local cluster {name}")
+    for column in ("rank", "ip", "ssh port", "instance", "status"):
+        table.add_column(column)
+    for node in nodes:
+        table.add_row(
+            str(node.rank), node.internal_ip, str(node.ssh_port), node.instance_id, node.status.value
+        )
+    Console().print(table)

@@ -1,0 +1,112 @@
+"""What `airflow-sky launch` prints while a job runs, and the summary at its end (rich)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+from rich.text import Text
+
+from airflow_sky.client.engine import JobOutcome
+from airflow_sky.client.events import Event
+
+_STEP_TITLES = {
+    "provision": "Provisioning nodes",
+    "sync": "Syncing workdir and file mounts",
+    "setup_start": "Starting setup",
+    "setup_follow": "Running setup",
+    "launch": "Launching the run",
+    "run_start": "Starting the run",
+    "run_follow": "Running",
+    "collect": "Collecting results",
+    "teardown": "Tearing down",
+}
+_RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
+
+
+class ProgressPrinter:
+    """Listener for engine events: node-prefixed log lines, phase headers, a live status on a terminal."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._seen_steps: set[str] = set()
+        self._done: dict[str, int] = {}
+        self._nodes = 0
+        self._status: Status | None = console.status("") if console.is_terminal else None
+        if self._status is not None:
+            self._status.start()
+
+    def close(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __call__(self, event: Event) -> None:
+        if event.kind == "job":
+            nodes = event.data["nodes"]
+            self._nodes = len(nodes)
+            ips = ", ".join(n["internal_ip"] for n in nodes)
+            self.console.print(
+                f"[bold]Job {event.data['job_id']}[/] on cluster [bold]{event.data['cluster_name']}[/] "
+                f"({event.data['infra']}): {len(nodes)} nodes ({ips})",
+                highlight=False,
+            )
+        elif event.kind == "task_started" and event.step not in self._seen_steps:
+            self._seen_steps.add(event.step)
+            if event.step in ("setup_follow", "run_follow", "provision", "sync", "teardown"):
+                self.console.print(f"[bold blue]⚙ {_STEP_TITLES.get(event.step, event.step)}[/]")
+        elif event.kind == "task_done":
+            self._done[event.step] = self._done.get(event.step, 0) + 1
+        elif event.kind == "log":
+            style = _RANK_STYLES[(event.rank or 0) % len(_RANK_STYLES)]
+            prefix, _, rest = event.text.partition(") ")
+            line = Text(prefix + ")", style=style)
+            line.append(" " + rest)
+            self.console.print(line, highlight=False, soft_wrap=True)
+        elif event.kind == "task_failed" and not event.step.endswith("_follow"):
+            self.console.print(
+                f"[red]✗ {event.step} failed: {event.text.splitlines()[0] if event.text else ''}[/]"
+            )
+        elif event.kind == "exit" and event.exit_code not in (0, None):
+            self.console.print(
+                f"[red]✗ {event.text.splitlines()[0] if event.text else event.exit_code}[/]", highlight=False
+            )
+        self._update_status(event)
+
+    def _update_status(self, event: Event) -> None:
+        if self._status is None:
+            return
+        title = _STEP_TITLES.get(event.step, event.step)
+        done = self._done.get(event.step, 0)
+        suffix = f" ({done}/{self._nodes} nodes done)" if self._nodes and event.rank is not None else ""
+        self._status.update(f"{title}{suffix}")
+
+
+def print_summary(console: Console, outcome: JobOutcome, started_at: float) -> None:
+    table = Table(title="Summary", show_edge=False)
+    table.add_column("step")
+    table.add_column("duration", justify="right")
+    for step, (start, end) in outcome.step_times.items():
+        duration = f"{end - start:.1f}s" if end is not None else "failed"
+        table.add_row(step, duration)
+    table.add_row("total", f"{time.time() - started_at:.1f}s")
+    console.print(table)
+    for phase in ("setup", "run"):
+        codes = outcome.exit_codes.get(phase) or {}
+        if codes:
+            shown = ", ".join(f"rank {r}: {_code(c)}" for r, c in sorted(codes.items()))
+            console.print(f"{phase} exit codes: {shown}", highlight=False)
+    job = f"Job {outcome.job_id}" if outcome.job_id is not None else "Job"
+    if outcome.succeeded:
+        console.print(f"[bold green]✓ {job} on {outcome.cluster_name} SUCCEEDED[/]")
+    else:
+        reason = outcome.failures[0].splitlines()[0] if outcome.failures else f"DAG run {outcome.state}"
+        console.print(f"[bold red]✗ {job} on {outcome.cluster_name} FAILED: {reason}[/]", highlight=False)
+    console.print(f"Airflow log of this launch: {outcome.log_file}", highlight=False, style="dim")
+
+
+def _code(code: Any) -> str:
+    return "?" if code is None else str(code)

@@ -1,0 +1,251 @@
+"""Run one job as a DAG in this process (`airflow dags test` style): the engine behind the CLI and the SDK.
+
+The DAG is the same sky_job TaskGroup a scheduler runs; only the runner differs. Airflow gets a private
+home (`~/.airflow_sky/airflow`, or AIRFLOW_SKY_AIRFLOW_HOME) so the CLI never touches a user's real Airflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+from airflow_sky.client import events
+from airflow_sky.errors import SkyError
+from airflow_sky.gang.job import JobHandle, Phase, sanitize_cluster_name
+from airflow_sky.infra.home import sky_home
+from airflow_sky.infra.registry import open_cluster
+from airflow_sky.task import Task
+from airflow_sky.task.redaction import redactor
+from airflow_sky.task.templating import keep_literal
+
+AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    cluster_name: str
+    infra: str = "local"
+    down: bool = True
+    setup: bool = True  # False: `exec` and `launch --no-setup`
+    must_exist: bool = False  # True: `exec` runs only on a cluster that is already up
+    follow: bool = True  # False: `--detach-run`, the launch returns once the run started
+
+
+@dataclasses.dataclass
+class JobOutcome:
+    succeeded: bool
+    state: str
+    cluster_name: str
+    job_id: int | None
+    log_file: Path
+    step_times: dict[str, tuple[float, float | None]]  # step -> (first start, last end)
+    exit_codes: dict[str, dict[int, int | None]]  # "setup"/"run" -> rank -> exit code
+    failures: list[str]
+    handle: JobHandle | None = None
+
+
+def private_airflow_home() -> Path:
+    configured = os.environ.get(AIRFLOW_HOME_ENV)
+    return Path(configured) if configured else sky_home() / "airflow"
+
+
+def prepare_airflow() -> Path:
+    """Point Airflow at the private home and migrate its DB on first use. Call before importing Airflow."""
+    home = private_airflow_home()
+    if "airflow" in sys.modules and os.environ.get("AIRFLOW_HOME") != str(home):
+        # Airflow read its configuration already (the caller imported it): run in the caller's Airflow.
+        from airflow.configuration import AIRFLOW_HOME, conf
+
+        Path(conf.get("core", "dags_folder")).mkdir(parents=True, exist_ok=True)
+        return Path(AIRFLOW_HOME)
+    dags = home / "dags"
+    dags.mkdir(parents=True, exist_ok=True)
+    os.environ["AIRFLOW_HOME"] = str(home)
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
+    marker = home / ".migrated"
+    if not marker.exists():
+        proc = subprocess.run(
+            [sys.executable, "-m", "airflow", "db", "migrate"],
+            capture_output=True,
+            text=True,
+            env=os.environ.copy(),
+        )
+        if proc.returncode != 0:
+            raise SkyError(
+                f"could not initialize the private Airflow DB in {home}: {proc.stderr.strip()[-800:]}"
+            )
+        marker.touch()
+    return home
+
+
+def dag_id_for(cluster_name: str) -> str:
+    return "sky_launch_" + cluster_name.replace("-", "_")
+
+
+def write_launch_files(task: Task, options: LaunchOptions) -> Path:
+    """The private DAG file and its spec (0600: it may hold secrets); returns the DAG file's path."""
+    from airflow.configuration import conf
+
+    dag_id = dag_id_for(options.cluster_name)
+    dags = Path(conf.get("core", "dags_folder"))
+    spec_path = dags / f"{dag_id}.json"
+    dag_path = dags / f"{dag_id}.py"
+    spec = {
+        "task": task.to_dict(),
+        "base_dir": task.base_dir,
+        "options": dataclasses.asdict(options),
+        "dag_id": dag_id,
+    }
+    fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(spec, f)
+    dag_path.write_text(
+        '"""Written by airflow-sky launch: the job as a DAG (removed when the launch ends)."""\n'
+        "from airflow_sky.client.engine import dag_from_spec_file\n\n"
+        f"dag = dag_from_spec_file({str(spec_path)!r})\n"
+    )
+    return dag_path
+
+
+def dag_from_spec_file(spec_path: str) -> Any:
+    """The launch DAG described by a spec file (see write_launch_files)."""
+    from airflow.sdk import DAG
+
+    from airflow_sky.dags.job import sky_job
+
+    spec = json.loads(Path(spec_path).read_text())
+    options = LaunchOptions(**spec["options"])
+    # A SkyPilot task as written: `{{ }}` in a script is the script's business, not a template.
+    task = keep_literal(Task.from_dict(spec["task"], base_dir=spec["base_dir"]))
+    with DAG(spec["dag_id"], schedule=None, catchup=False, tags=["airflow-sky", "launch"]) as dag:
+        sky_job(
+            task,
+            cluster_name=options.cluster_name,
+            infra=options.infra,
+            down=options.down,
+            setup=options.setup,
+            must_exist=options.must_exist,
+            follow_run=options.follow,
+            group_id="job",
+            # The CLI prints every node's log as the follow tasks read it; waiting in a trigger would not.
+            deferrable=False,
+        )
+    return dag
+
+
+@contextlib.contextmanager
+def _output_to(log_file: Path) -> Iterator[None]:
+    """Send this process's stdout/stderr (Airflow's own chatter) to `log_file` while the DAG runs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for held in (*saved, fd):
+            os.close(held)
+
+
+def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None = None) -> JobOutcome:
+    """Run the job to its end in this process; `listener` receives progress events as they happen."""
+    home = prepare_airflow()
+    from airflow_sky.client.live import NodeLogs, task_events
+
+    cluster_name = sanitize_cluster_name(options.cluster_name)
+    options = dataclasses.replace(options, cluster_name=cluster_name)
+    dag_path = write_launch_files(task, options)
+    log_dir = home / "logs" / "launch"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_file = log_dir / f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    recorder = _Recorder()
+    listeners: list[events.Listener] = [recorder] if listener is None else [recorder, listener]
+    lock = threading.RLock()  # events come from the runner and from the node-log thread
+    phases = tuple(p for p, wanted in (("setup", options.setup), ("run", options.follow)) if wanted)
+    node_logs: list[NodeLogs] = []
+
+    def sink(event: events.Event) -> None:
+        with lock:
+            for receive in listeners:
+                receive(event)
+            if event.kind == "job" and not node_logs and phases:
+                handle = JobHandle.from_dict(event.data)
+                cluster = open_cluster(handle.cluster_name, handle.infra)
+                node_logs.append(
+                    NodeLogs(
+                        cluster,
+                        handle,
+                        sink,
+                        redactor(task.secrets.values()),
+                        cast(tuple[Phase, ...], phases),
+                    )
+                )
+                node_logs[0].start()
+
+    try:
+        with _output_to(log_file), task_events(sink):
+            dag = dag_from_spec_file(str(dag_path.with_suffix(".json")))
+            dag_run = dag.test()
+        state = str(getattr(dag_run.state, "value", dag_run.state))
+    finally:
+        for watcher in node_logs:
+            watcher.stop()
+        dag_path.unlink(missing_ok=True)
+        dag_path.with_suffix(".json").unlink(missing_ok=True)
+    return JobOutcome(
+        succeeded=state == "success" and not recorder.failures,
+        state=state,
+        cluster_name=cluster_name,
+        job_id=recorder.job_id,
+        log_file=log_file,
+        step_times=recorder.step_times,
+        exit_codes=recorder.exit_codes,
+        failures=recorder.failures,
+        handle=recorder.handle,
+    )
+
+
+class _Recorder:
+    """Keeps what the summary needs from the event stream."""
+
+    def __init__(self) -> None:
+        self.job_id: int | None = None
+        self.handle: JobHandle | None = None
+        self.step_times: dict[str, tuple[float, float | None]] = {}
+        self.exit_codes: dict[str, dict[int, int | None]] = {"setup": {}, "run": {}}
+        self.failures: list[str] = []
+
+    def __call__(self, event: events.Event) -> None:
+        if event.kind == "job":
+            self.handle = JobHandle.from_dict(event.data)
+            self.job_id = self.handle.job_id
+        elif event.kind == "task_started":
+            start, end = self.step_times.get(event.step, (event.at, None))
+            self.step_times[event.step] = (min(start, event.at), end)
+        elif event.kind == "task_done":
+            start, end = self.step_times.get(event.step, (event.at, None))
+            self.step_times[event.step] = (start, max(end or event.at, event.at))
+        elif event.kind == "task_failed" and not event.step.endswith("_follow"):
+            self.failures.append(f"{event.step}: {event.text}")
+        elif event.kind == "exit" and event.rank is not None:
+            phase = "setup" if event.step.startswith("setup") else "run"
+            self.exit_codes[phase][event.rank] = event.exit_code
+            if event.exit_code != 0 and event.text and event.text not in self.failures:
+                self.failures.append(event.text)

@@ -1,0 +1,195 @@
+"""The engine's live view of a run: task-state events from Airflow's listener hooks, and every node's log.
+
+`TaskEvents` is registered with the Task SDK's listener manager while the engine runs the DAG, so it sees
+each task instance start, succeed or fail in this process. `NodeLogs` streams the setup and run log of every
+rank straight from the nodes, as `sky launch` shows them: a sequential runner follows one rank at a time,
+and the user must still see every node live. Both hand Events to one sink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from airflow.listeners import hookimpl
+from airflow.sdk.listener import get_listener_manager
+
+from airflow_sky.client.events import Event, Listener
+from airflow_sky.errors import JobFailed, RemoteError
+from airflow_sky.gang.job import KILLED_EXIT_CODE, PHASES, JobHandle, Phase
+from airflow_sky.infra.cluster import Cluster
+from airflow_sky.node import jobs
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.log_tail import LogTail
+
+_IDLE_POLL_S = 0.3
+_START_CHECK_S = 1.0  # how often a phase that has not started on a rank is looked for there
+_RECONNECT_S = 2.0
+
+
+class TaskEvents:
+    """Airflow listener: task-instance state changes of the engine's DAG run as Events."""
+
+    def __init__(self, sink: Listener) -> None:
+        self._sink = sink
+
+    @staticmethod
+    def _step_and_rank(task_instance: Any) -> tuple[str, int | None]:
+        step = str(task_instance.task_id).rsplit(".", 1)[-1]
+        node = getattr(task_instance.task, "node", None)
+        rank = int(node["rank"]) if isinstance(node, dict) and "rank" in node else None
+        return step, rank
+
+    @hookimpl
+    def on_task_instance_running(self, previous_state: Any, task_instance: Any) -> None:
+        step, rank = self._step_and_rank(task_instance)
+        self._sink(Event("task_started", step, rank))
+
+    @hookimpl
+    def on_task_instance_success(self, previous_state: Any, task_instance: Any) -> None:
+        step, rank = self._step_and_rank(task_instance)
+        if step == "provision":
+            handle = task_instance.xcom_pull(task_ids=task_instance.task_id, key="handle")
+            if handle:
+                self._sink(Event("job", step, data=dict(handle)))
+        self._sink(Event("task_done", step, rank))
+        if step.endswith("_follow") and rank is not None:
+            self._sink(Event("exit", step, rank, exit_code=0))
+
+    @hookimpl
+    def on_task_instance_failed(self, previous_state: Any, task_instance: Any, error: Any) -> None:
+        step, rank = self._step_and_rank(task_instance)
+        text = str(error) if error else "failed"
+        self._sink(Event("task_failed", step, rank, text))
+        if step.endswith("_follow") and rank is not None:
+            code = None
+            if isinstance(error, JobFailed) and (error.rank == rank or error.exit_code == KILLED_EXIT_CODE):
+                code = error.exit_code
+            self._sink(Event("exit", step, rank, text, exit_code=code))
+
+
+@contextlib.contextmanager
+def task_events(sink: Listener) -> Iterator[None]:
+    """Deliver this process's task-instance events to `sink` while the block runs."""
+    listener = TaskEvents(sink)
+    manager = get_listener_manager()
+    manager.add_listener(listener)
+    try:
+        yield
+    finally:
+        manager.pm.unregister(listener)
+
+
+class _RankLog:
+    """One rank's log of one phase, following the job's generations (a recovery starts a new one)."""
+
+    def __init__(self, phase: Phase, rank: int, job_id: str, emit: Callable[[str], None]) -> None:
+        self.phase = phase
+        self.rank = rank
+        self.job_id = job_id
+        self.emit = emit
+        self.tail: LogTail | None = None
+        self.next_check = 0.0
+
+    def poll(self, client: NodeClient) -> bool:
+        """Read what is new; return whether more is waiting right now."""
+        now = time.monotonic()
+        if self.tail is None or self.tail.ended:
+            if now < self.next_check:
+                return False
+            self.next_check = now + _START_CHECK_S
+            generation = jobs.current_generation(client, self.job_id)
+            if generation is None or (self.tail is not None and generation <= self.tail.generation):
+                return False
+            self.tail = LogTail(client, self.job_id, generation, self.phase == "setup", self.emit, keep=0)
+        self.tail.client = client  # a replaced node answers on a new connection
+        return not self.tail.poll().caught_up
+
+
+class NodeLogs:
+    """Streams every rank's setup and run log to `sink` (redacted), from one thread, until stop()."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        handle: JobHandle,
+        sink: Listener,
+        redact: Callable[[str], str],
+        phases: tuple[Phase, ...] = PHASES,
+    ) -> None:
+        self.cluster = cluster
+        self.handle = handle
+        self._sink = sink
+        self._redact = redact
+        self._logs = [
+            _RankLog(phase, node.rank, handle.remote_job_id(phase), self._emitter(phase, node.rank))
+            for phase in phases
+            for node in handle.phase_nodes(phase)
+        ]
+        self._nodes = {n.rank: n for n in handle.nodes}
+        self._clients: dict[int, NodeClient] = {}
+        self._down_until: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="airflow-sky-node-logs", daemon=True)
+
+    def _emitter(self, phase: Phase, rank: int) -> Callable[[str], None]:
+        step = f"{phase}_follow"
+        return lambda line: self._sink(Event("log", step, rank, self._redact(line)))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after one last pass that reads every log to its current end."""
+        self._stop.set()
+        self._thread.join(timeout=60)
+        for client in self._clients.values():
+            client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            busy = self._pass()
+            if not busy:
+                self._stop.wait(_IDLE_POLL_S)
+        for _ in range(100):  # the final drain: whatever the last poll left behind
+            if not self._pass(final=True):
+                break
+        for log in self._logs:
+            if log.tail is not None:
+                log.tail.flush()
+
+    def _pass(self, final: bool = False) -> bool:
+        busy = False
+        for log in self._logs:
+            client = self._client(log.rank)
+            if client is None:
+                continue
+            if final:
+                log.next_check = 0.0
+            try:
+                busy = log.poll(client) or busy
+            except RemoteError:
+                self._lost(log.rank)
+        return busy
+
+    def _client(self, rank: int) -> NodeClient | None:
+        if rank in self._clients:
+            return self._clients[rank]
+        if time.monotonic() < self._down_until.get(rank, 0.0):
+            return None
+        self._clients[rank] = self.cluster.client(self._nodes[rank], conn_retry_attempts=1)
+        return self._clients[rank]
+
+    def _lost(self, rank: int) -> None:
+        """A node stopped answering: reconnect later, to the node the infra now has at that rank."""
+        client = self._clients.pop(rank, None)
+        if client is not None:
+            client.close()
+        self._down_until[rank] = time.monotonic() + _RECONNECT_S
+        with contextlib.suppress(Exception):
+            current = {n.rank: n for n in self.cluster.nodes()}
+            if rank in current:
+                self._nodes[rank] = current[rank]

@@ -1,0 +1,174 @@
+"""Build a job's Airflow tasks: `sky_job(...)` returns a TaskGroup usable inside any DAG.
+
+    provision (setup task) -> sync[n] -> setup_start[n] -> setup_follow[n] -> launch -> run_start[m]
+        -> run_follow[m] -> collect -> teardown (teardown task)
+
+`n` is every node of the cluster, `m` the task's num_nodes (head first). Every arrow is a barrier.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, TaskGroup
+
+from airflow_sky.errors import SpecError
+from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
+from airflow_sky.node.files import bucket_mounts
+from airflow_sky.operators import (
+    SkyCollectOperator,
+    SkyFollowOperator,
+    SkyLaunchOperator,
+    SkyProvisionOperator,
+    SkyStartOperator,
+    SkySyncOperator,
+    SkyTeardownOperator,
+)
+from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
+from airflow_sky.task import Task
+
+
+def sky_job(
+    task: Task | str | os.PathLike[str],
+    *,
+    cluster_name: str | None = None,
+    infra: str | None = None,
+    down: bool = True,
+    group_id: str | None = None,
+    conn_id: str | None = None,
+    env_overrides: dict[str, str] | None = None,
+    setup: bool = True,
+    must_exist: bool = False,
+    follow_run: bool = True,
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+    artifacts: Sequence[str] | None = None,
+    artifacts_to: str | None = None,
+    artifacts_from: str = "head",
+    aws_conn_id: str | None = None,
+    gcp_conn_id: str | None = None,
+    deferrable: bool | None = None,
+) -> TaskGroup:
+    """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
+
+    :param task: a Task, or the path of a task YAML.
+    :param cluster_name: the cluster to launch or reuse; default: one per DAG run (`<dag>-<hash>`).
+    :param infra: `local` (default), `ssh/<pool>`, `aws/<region>`, `gcp/<region>`; default: the task's
+        `resources.infra`, else local.
+    :param down: tear the cluster down when the job ends (also when it fails).
+    :param group_id: the TaskGroup id; default: the task's name (or `sky_job`).
+    :param conn_id: the Airflow connection with the infra's credentials (not needed for local).
+    :param setup: run the task's setup on every node (False: like `sky exec` / `sky launch --no-setup`).
+    :param must_exist: only use a cluster that is already up (never provision).
+    :param follow_run: False ends the group once every rank's run started (`--detach-run`): no run_follow,
+        collect or teardown; the job keeps running on the kept cluster.
+    :param deferrable: the setup and run follow tasks wait in the triggerer while their node runs, holding
+        no worker slot (default: `[operators] default_deferrable`).
+    """
+    if not follow_run and down:
+        raise SpecError(
+            "down=True needs follow_run=True: the cluster would be torn down under the running job"
+        )
+    if not isinstance(task, Task):
+        task = Task.from_yaml(task, env_overrides=env_overrides)
+    elif env_overrides:
+        task = task.update_envs(env_overrides)
+    bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
+    infra = infra or task.resources.infra or "local"
+    group_id = group_id or _group_id(task)
+    common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
+    follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
+
+    with TaskGroup(group_id=group_id) as group:
+        provision = SkyProvisionOperator(
+            task_id="provision",
+            cluster_name=cluster_name,
+            infra=infra,
+            down=down,
+            must_exist=must_exist,
+            **common,
+        )
+        cluster = provision.output["handle"]  # type: ignore[index]  # a PlainXComArg of another XCom key
+        every_node = provision.output
+
+        def per_node(operator: type[Any], task_id: str, nodes: Any, **kwargs: Any) -> Any:
+            return operator.partial(
+                task_id=task_id,
+                cluster=cluster,
+                map_index_template=NODE_MAP_INDEX_TEMPLATE,
+                **common,
+                **kwargs,
+            ).expand(node=nodes)
+
+        sync = per_node(SkySyncOperator, "sync", every_node, aws_conn_id=aws_conn_id, gcp_conn_id=gcp_conn_id)
+        launch = SkyLaunchOperator(task_id="launch", cluster=cluster, **common)
+        run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
+        if setup:
+            setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
+            setup_follow = per_node(
+                SkyFollowOperator, "setup_follow", every_node, phase="setup", **follow_options
+            )
+            provision >> sync >> setup_start >> setup_follow >> launch
+        else:
+            provision >> sync >> launch
+        if not follow_run:
+            launch >> run_start
+            return group
+        run_follow = per_node(
+            SkyFollowOperator,
+            "run_follow",
+            launch.output,
+            phase="run",
+            max_recoveries=max_recoveries,
+            **follow_options,
+        )
+        collect = SkyCollectOperator(
+            task_id="collect",
+            cluster=cluster,
+            run_follow_task_id=f"{group_id}.run_follow",
+            artifacts=artifacts,
+            artifacts_to=artifacts_to,
+            artifacts_from=artifacts_from,
+            aws_conn_id=aws_conn_id,
+            gcp_conn_id=gcp_conn_id,
+            **common,
+        )
+        teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
+        launch >> run_start >> run_follow >> collect >> teardown
+        teardown.as_teardown(setups=provision)
+    return group
+
+
+def job_result(group: TaskGroup) -> Any:
+    """The job's result for downstream tasks: the head's return.json (XCom of the group's collect task).
+
+    `job_result(group)` is an XComArg; pass it to a @task, or pull `ranks` / `artifacts` keys from collect.
+    """
+    return group.children[f"{group.group_id}.collect"].output  # type: ignore[attr-defined]
+
+
+def dag_from_yaml(
+    path: str | os.PathLike[str],
+    *,
+    dag_id: str | None = None,
+    cluster_name: str | None = None,
+    infra: str | None = None,
+    down: bool = True,
+    env_overrides: dict[str, str] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """A DAG holding one sky_job for the task YAML at `path` (DAG kwargs such as schedule pass through)."""
+    task = Task.from_yaml(path, env_overrides=env_overrides)
+    dag_kwargs.setdefault("schedule", None)
+    dag_kwargs.setdefault("catchup", False)
+    dag_kwargs.setdefault("tags", ["airflow-sky"])
+    with DAG(dag_id=dag_id or _group_id(task) or Path(path).stem, **dag_kwargs) as dag:
+        sky_job(task, cluster_name=cluster_name, infra=infra, down=down)
+    return dag
+
+
+def _group_id(task: Task) -> str:
+    name = task.name or "sky_job"
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

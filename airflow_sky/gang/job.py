@@ -1,0 +1,96 @@
+"""What every task of a job needs to know about it, handed from provision to the others through XCom."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from typing import Any, Literal
+
+from airflow_sky.infra.base import Node
+
+Phase = Literal["setup", "run"]
+PHASES: tuple[Phase, ...] = ("setup", "run")
+
+# The exit code recorded for a rank killed because another failed (SIGKILL), as SkyPilot reports it.
+KILLED_EXIT_CODE = 137
+
+
+class JobStatus(enum.StrEnum):
+    INIT = "INIT"
+    PENDING = "PENDING"
+    SETTING_UP = "SETTING_UP"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    FAILED_SETUP = "FAILED_SETUP"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.FAILED_SETUP, JobStatus.CANCELLED)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobHandle:
+    """A job on a cluster: its id in the cluster's queue, SkyPilot's TASK_ID, and the nodes it uses.
+
+    `nodes` are all of the cluster's nodes (setup runs on each); the run uses the first `num_run_nodes`.
+    """
+
+    cluster_name: str
+    infra: str
+    job_id: int
+    sky_task_id: str
+    nodes: tuple[Node, ...]
+    num_run_nodes: int
+    generation: int = 0
+
+    @property
+    def run_nodes(self) -> tuple[Node, ...]:
+        return self.nodes[: self.num_run_nodes]
+
+    def phase_nodes(self, phase: Phase) -> tuple[Node, ...]:
+        return self.nodes if phase == "setup" else self.run_nodes
+
+    def remote_job_id(self, phase: Phase) -> str:
+        """The job record's directory name on each node, e.g. `3-run`."""
+        return f"{self.job_id}-{phase}"
+
+    def node(self, rank: int) -> Node:
+        return next(n for n in self.nodes if n.rank == rank)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster_name": self.cluster_name,
+            "infra": self.infra,
+            "job_id": self.job_id,
+            "sky_task_id": self.sky_task_id,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "num_run_nodes": self.num_run_nodes,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobHandle:
+        return cls(
+            cluster_name=data["cluster_name"],
+            infra=data["infra"],
+            job_id=int(data["job_id"]),
+            sky_task_id=data["sky_task_id"],
+            nodes=tuple(Node.from_dict(n) for n in data["nodes"]),
+            num_run_nodes=int(data["num_run_nodes"]),
+            generation=int(data.get("generation", 0)),
+        )
+
+
+_UNSAFE = re.compile(r"[^a-z0-9-]+")
+
+
+def sanitize_cluster_name(name: str, max_len: int = 40) -> str:
+    """A cluster name that is a valid hostname label and directory name (lowercase, digits, '-')."""
+    cleaned = _UNSAFE.sub("-", name.lower()).strip("-")
+    cleaned = cleaned[:max_len].rstrip("-")
+    if not cleaned or not cleaned[0].isalpha():
+        cleaned = f"sky-{cleaned}".rstrip("-")
+    return cleaned

@@ -1,0 +1,148 @@
+"""The steps of a job on its cluster, each one call the operators make: register the job, start a rank's
+script, mark the job's status, read a rank's result, stop a rank. Plain Python over a Cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_sky.errors import ClusterError, JobFailed, RemoteError
+from airflow_sky.gang import queue
+from airflow_sky.gang.job import JobHandle, JobStatus, Phase
+from airflow_sky.infra.base import Node
+from airflow_sky.infra.cluster import Cluster
+from airflow_sky.node import jobs
+from airflow_sky.node.paths import JOBS_DIR
+from airflow_sky.task import Task, envs
+
+# The generation a run script sees, so a job can tell a relaunch from its first start.
+RECOVERY_COUNT_ENV = "AIRFLOW_SKY_RECOVERY_COUNT"
+
+
+@dataclasses.dataclass(frozen=True)
+class StartResult:
+    rank: int
+    pid: int | None
+    started: bool  # False: attached to a start that happened before (a retried task), or nothing to start
+    lost: bool = False  # the node is gone: recovery is the run follow tasks' job
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"rank": self.rank, "pid": self.pid, "started": self.started}
+        if self.lost:
+            data["lost"] = True
+        return data
+
+
+def phase_env(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, rank: int) -> dict[str, str]:
+    """The env of `rank`'s setup or run script: SKYPILOT_* from the job's nodes, plus envs and secrets."""
+    nodes = handle.phase_nodes(phase)
+    ips = [n.internal_ip for n in nodes]
+    # What the infra really gave each node (a local node has none, whatever the task asked for).
+    gpus = max(math.ceil(n.gpus) for n in nodes)
+    build = envs.setup_envs if phase == "setup" else envs.run_envs
+    env = build(task, ips, cluster.info(), handle.sky_task_id, gpus)[[n.rank for n in nodes].index(rank)]
+    if phase == "run":
+        env[RECOVERY_COUNT_ENV] = str(handle.generation)
+    return env
+
+
+def register_job(cluster: Cluster, task: Task, nodes: list[Node], submit_key: str) -> JobHandle:
+    """Allocate the job's id in the cluster's queue (a retried provision gets the same id and TASK_ID)."""
+    if len(nodes) < task.num_nodes:
+        raise ClusterError(f"cluster {cluster.name} has {len(nodes)} nodes; the task needs {task.num_nodes}")
+    submitted_at = datetime.now(UTC)
+    with cluster.client(nodes[0]) as head:
+        job_id, created = queue.allocate_job(
+            head,
+            submit_key,
+            {
+                "name": task.name,
+                "submitted_at": submitted_at.isoformat(),
+                "submit_key": submit_key,
+                "num_nodes": task.num_nodes,
+                "cluster_name": cluster.name,
+                "infra": cluster.infra,
+            },
+        )
+        if not created:
+            record = queue.read_record(head, job_id) or {}
+            submitted_at = datetime.fromisoformat(record.get("submitted_at", submitted_at.isoformat()))
+        sky_task_id = envs.make_task_id(cluster.name, job_id, submitted_at)
+        queue.update_record(head, job_id, sky_task_id=sky_task_id, status=JobStatus.PENDING)
+    return JobHandle(
+        cluster_name=cluster.name,
+        infra=cluster.infra,
+        job_id=job_id,
+        sky_task_id=sky_task_id,
+        nodes=tuple(nodes),
+        num_run_nodes=task.num_nodes,
+    )
+
+
+def set_status(cluster: Cluster, handle: JobHandle, status: JobStatus, **fields: Any) -> None:
+    """Record the job's status (and any other fields) in the queue on its head node."""
+    with cluster.client(handle.nodes[0]) as head:
+        queue.update_record(head, handle.job_id, status=status, **fields)
+
+
+def check_run_nodes(cluster: Cluster, handle: JobHandle) -> None:
+    """The run's nodes are the ones provisioned for the job (none vanished or was replaced meanwhile)."""
+    current = {n.rank: n for n in cluster.nodes()}
+    changed = [
+        n.rank
+        for n in handle.run_nodes
+        if n.rank not in current or current[n.rank].instance_id != n.instance_id
+    ]
+    if changed:
+        raise ClusterError(
+            f"cluster {handle.cluster_name}: nodes of rank {changed} changed or vanished since provisioning"
+        )
+
+
+def start_rank(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, rank: int) -> StartResult:
+    """Start the phase's script on `rank`'s node, detached; idempotent per job, phase and generation.
+
+    A run start on a node the infra reports gone is left to recovery (`lost`); any other failure raises.
+    """
+    script = task.setup if phase == "setup" else task.run
+    if script is None:
+        return StartResult(rank, None, started=False)
+    node = handle.node(rank)
+    env = phase_env(cluster, task, handle, phase, rank)
+    try:
+        with cluster.client(node) as client:
+            if phase == "setup" and rank == handle.nodes[0].rank:
+                queue.update_record(client, handle.job_id, status=JobStatus.SETTING_UP)
+            start = jobs.start_job(client, handle.remote_job_id(phase), script, env, handle.generation)
+    except RemoteError:
+        if phase != "run" or rank not in cluster.unhealthy_ranks([node]):
+            raise
+        return StartResult(rank, None, started=False, lost=True)
+    return StartResult(rank, start.pid, start.started)
+
+
+def kill_rank(cluster: Cluster, job_id: str, node: Node, generation: int) -> None:
+    """Stop `node`'s processes of phase job `job_id` (SIGTERM, then SIGKILL after a grace period)."""
+    with cluster.client(node) as client:
+        jobs.kill_job(client, job_id, generation, sig=signal.SIGTERM, grace_s=5.0)
+
+
+def read_result(cluster: Cluster, handle: JobHandle, node: Node) -> Any:
+    """The JSON `node`'s run wrote to $AIRFLOW_SKY_XCOM_DIR/return.json, or None when it wrote none."""
+    job_id = handle.remote_job_id("run")
+    with cluster.client(node) as client:
+        raw = jobs.read_xcom(client, job_id)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        path = f"~/{JOBS_DIR}/{job_id}/xcom/return.json"
+        raise JobFailed(
+            f"rank {node.rank} ({node.internal_ip}): {path} is not valid JSON: {e}", rank=node.rank
+        ) from e

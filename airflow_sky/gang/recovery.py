@@ -1,0 +1,110 @@
+"""What to do when a rank of a running job fails or disappears: the recovery policy, as pure functions.
+
+    a job node is not RUNNING (preempted, terminated, gone)  -> RECOVER: replace it, relaunch every rank
+    a rank exited with one of job_recovery.recover_on_exit_codes -> RESTART: relaunch every rank, same nodes
+    a rank exited non-zero, restarts on errors left           -> RESTART
+    otherwise                                                 -> FAIL (fail-fast: kill the others)
+
+Recoveries (node replacements) are bounded by `max_recoveries` (default 3); restarts on errors by
+`job_recovery.max_restarts_on_errors` (SkyPilot's semantics: exit codes listed in `recover_on_exit_codes`
+always restart, within `max_recoveries`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_sky.task import JobRecovery
+
+DEFAULT_MAX_RECOVERIES = 3
+RECOVERY_XCOM_KEY = "recovery"  # pushed by the leading run follow task: the job's latest generation
+
+
+class Action(enum.StrEnum):
+    RECOVER = "RECOVER"
+    RESTART = "RESTART"
+    FAIL = "FAIL"
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryState:
+    """How often the job was relaunched so far; travels in the leader's `recovery` XCom."""
+
+    generation: int = 0
+    recoveries: int = 0
+    restarts: int = 0
+    nodes: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "recoveries": self.recoveries,
+            "restarts": self.restarts,
+            "nodes": list(self.nodes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RecoveryState:
+        if not data:
+            return cls()
+        return cls(
+            generation=int(data.get("generation", 0)),
+            recoveries=int(data.get("recoveries", 0)),
+            restarts=int(data.get("restarts", 0)),
+            nodes=tuple(data.get("nodes") or ()),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def decide(
+    unhealthy_ranks: Sequence[int],
+    exit_code: int | None,
+    policy: JobRecovery,
+    state: RecoveryState,
+    max_recoveries: int = DEFAULT_MAX_RECOVERIES,
+) -> Decision:
+    """The action for a fault: `exit_code` is the failing rank's code, None when its process was lost."""
+    if unhealthy_ranks:
+        nodes = ", ".join(str(r) for r in sorted(unhealthy_ranks))
+        if state.recoveries + state.restarts >= max_recoveries:
+            return Decision(
+                Action.FAIL, f"node(s) of rank {nodes} lost; gave up after {max_recoveries} recoveries"
+            )
+        return Decision(Action.RECOVER, f"node(s) of rank {nodes} lost")
+    if exit_code is None:
+        return Decision(Action.FAIL, "the job's process disappeared while every node is up")
+    if exit_code in policy.recover_on_exit_codes:
+        if state.recoveries + state.restarts >= max_recoveries:
+            return Decision(Action.FAIL, f"exit code {exit_code}; gave up after {max_recoveries} recoveries")
+        return Decision(Action.RESTART, f"exit code {exit_code} is in job_recovery.recover_on_exit_codes")
+    if state.restarts < policy.max_restarts_on_errors:
+        return Decision(
+            Action.RESTART,
+            f"restart {state.restarts + 1} of job_recovery.max_restarts_on_errors={policy.max_restarts_on_errors}",
+        )
+    return Decision(Action.FAIL, f"exit code {exit_code}")
+
+
+def next_state(state: RecoveryState, action: Action, nodes: Sequence[dict[str, Any]]) -> RecoveryState:
+    """The state after a relaunch (generation + 1)."""
+    return RecoveryState(
+        generation=state.generation + 1,
+        recoveries=state.recoveries + (1 if action is Action.RECOVER else 0),
+        restarts=state.restarts + (1 if action is Action.RESTART else 0),
+        nodes=tuple(nodes),
+    )
+
+
+def latest_announced(values: Any) -> RecoveryState:
+    """The newest generation among the `recovery` XComs of the run follow tasks (whichever led)."""
+    items = values if isinstance(values, list | tuple) else [values]
+    states = [RecoveryState.from_dict(v) for v in items if v]
+    return max(states, key=lambda s: s.generation, default=RecoveryState())

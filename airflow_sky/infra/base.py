@@ -1,0 +1,63 @@
+"""The Cloud interface every infra implements, and the records it exchanges.
+
+The cloud is the source of truth: membership and ranks are read back from the infra (instance tags, or the
+local state dir), never from a file on an Airflow worker.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Sequence
+
+from airflow_sky.node.record import Node, NodeStatus
+from airflow_sky.task import Resources
+from airflow_sky.task.envs import ClusterInfo
+
+__all__ = ["Cloud", "ClusterInfo", "Node", "NodeStatus", "ProvisionRequest"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProvisionRequest:
+    """What a cloud needs to bring up nodes: the task's resources, already validated."""
+
+    cluster_name: str
+    num_nodes: int
+    resources: Resources | None = None
+
+
+class Cloud(abc.ABC):
+    """One infra. Implementations are registered in airflow_sky.infra.registry."""
+
+    name: str
+
+    @abc.abstractmethod
+    def provision(self, request: ProvisionRequest) -> list[Node]:
+        """Bring the cluster to `num_nodes` running nodes (idempotent: count what exists, create the rest).
+
+        On failure, everything this call created is removed before the error propagates.
+        """
+
+    @abc.abstractmethod
+    def nodes(self, cluster_name: str) -> list[Node]:
+        """The cluster's nodes ordered by rank, each with its current status. No side effects."""
+
+    @abc.abstractmethod
+    def replace(self, cluster_name: str, rank: int) -> Node:
+        """Bring up a fresh node that takes over `rank` (a new address, an empty disk)."""
+
+    @abc.abstractmethod
+    def terminate(self, cluster_name: str) -> None:
+        """Remove every node of the cluster; a no-op for an unknown cluster."""
+
+    @abc.abstractmethod
+    def cluster_info(self, cluster_name: str) -> ClusterInfo:
+        """Cloud, region and zone for SKYPILOT_CLUSTER_INFO."""
+
+    @abc.abstractmethod
+    def ssh_private_key(self, cluster_name: str) -> str:
+        """Path of the private key that opens the cluster's nodes."""
+
+    def clusters(self) -> Sequence[str]:
+        """Names of the clusters this infra knows about."""
+        return []

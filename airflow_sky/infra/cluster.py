@@ -1,0 +1,94 @@
+"""Cluster: one cluster on one infra, as every layer above the drivers sees it (plain Python, no Airflow).
+
+It asks the Cloud driver for membership and status (the infra is the source of truth) and hands out SSH
+connections to the nodes. The Airflow hook builds one from a connection; the gang core and the client get
+one handed in and never see a driver or the hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from airflow_sky.errors import ClusterError
+from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
+from airflow_sky.node.client import NodeClient
+from airflow_sky.task import Resources
+
+
+class Cluster:
+    """The nodes of cluster `name` on `cloud` (`infra` is the name it was asked for, e.g. `aws/us-east-1`)."""
+
+    def __init__(self, name: str, infra: str, cloud: Cloud) -> None:
+        self.name = name
+        self.infra = infra
+        self.cloud = cloud
+
+    # ---- membership ------------------------------------------------------------------------------------
+
+    def provision(self, num_nodes: int, resources: Resources | None = None) -> list[Node]:
+        """Bring the cluster to at least `num_nodes` running nodes; an existing larger cluster is kept."""
+        existing = self.cloud.nodes(self.name)
+        running = [n for n in existing if n.status is NodeStatus.RUNNING]
+        if len(existing) >= num_nodes and len(running) == len(existing):
+            return existing
+        return self.cloud.provision(ProvisionRequest(self.name, max(num_nodes, len(existing)), resources))
+
+    def nodes(self) -> list[Node]:
+        """Every node of the cluster, ordered by rank, with its current status (no side effects)."""
+        return self.cloud.nodes(self.name)
+
+    def running_nodes(self, expected: int | None = None) -> list[Node]:
+        """The cluster's nodes, all RUNNING; a clear error otherwise."""
+        nodes = self.nodes()
+        if not nodes:
+            raise ClusterError(f"cluster {self.name!r} does not exist on {self.infra}")
+        down = [f"rank {n.rank} is {n.status.value}" for n in nodes if n.status is not NodeStatus.RUNNING]
+        if down:
+            raise ClusterError(f"cluster {self.name!r} is not healthy: {', '.join(down)}")
+        if expected is not None and len(nodes) < expected:
+            raise ClusterError(f"cluster {self.name!r} has {len(nodes)} nodes; the job needs {expected}")
+        return nodes
+
+    def unhealthy_ranks(self, nodes: Sequence[Node]) -> list[int]:
+        """Ranks of `nodes` the infra reports as not RUNNING, or as another instance than the one given."""
+        live = {n.rank: n for n in self.nodes()}
+        return [
+            n.rank
+            for n in nodes
+            if n.rank not in live
+            or live[n.rank].status is not NodeStatus.RUNNING
+            or live[n.rank].instance_id != n.instance_id
+        ]
+
+    def replace(self, rank: int) -> Node:
+        """A fresh node that takes over `rank` (new address, empty disk)."""
+        return self.cloud.replace(self.name, rank)
+
+    def terminate(self) -> None:
+        self.cloud.terminate(self.name)
+
+    def info(self) -> ClusterInfo:
+        return self.cloud.cluster_info(self.name)
+
+    @property
+    def key_file(self) -> str:
+        """The private key that opens the cluster's nodes."""
+        return self.cloud.ssh_private_key(self.name)
+
+    # ---- SSH -------------------------------------------------------------------------------------------
+
+    def client(self, node: Node, conn_retry_attempts: int = 3) -> NodeClient:
+        """A connection to `node`; a poller that retries on its own passes conn_retry_attempts=1, so a
+        node that is gone is noticed at once instead of after the SSH hook's waits between attempts."""
+        return NodeClient(node, self.key_file, conn_retry_attempts=conn_retry_attempts)
+
+    @contextlib.contextmanager
+    def clients(self, nodes: Sequence[Node], conn_retry_attempts: int = 3) -> Iterator[dict[int, NodeClient]]:
+        """One connection per node (rank -> client), closed on exit."""
+        opened = {node.rank: self.client(node, conn_retry_attempts) for node in nodes}
+        try:
+            yield opened
+        finally:
+            for client in opened.values():
+                client.close()

@@ -1,0 +1,237 @@
+"""The embedded local infra: N node processes on this machine, each with its own loopback address and home.
+
+A node is an asyncssh server (airflow_sky.infra.local.node_server) on 127.0.x.y. Clients reach it exactly as
+they reach a cloud VM: SSH with the cluster key and a host key pinned at provision time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import ipaddress
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from airflow_sky.errors import ClusterError
+from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.local import daemon, layout
+
+# Loopback addresses handed to nodes: 127.0.0.2 upwards (127.0.0.1 stays the host's own).
+_FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
+_LAST_ADDRESS = ipaddress.IPv4Address("127.0.255.254")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _instance_dirs(cluster_name: str) -> list[Path]:
+    base = layout.instances_dir(cluster_name)
+    return sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
+
+def _addresses_in_use() -> set[str]:
+    base = layout.root()
+    used: set[str] = set()
+    if not base.is_dir():
+        return used
+    for record_path in base.glob("*/instances/*/node.json"):
+        record = layout.read_json(record_path)
+        if record and record.get("state") != layout.STATE_TERMINATED:
+            used.add(str(record.get("ip")))
+    return used
+
+
+class LocalCloud(Cloud):
+    """Cloud driver for the embedded local cluster."""
+
+    name = "local"
+
+    def __init__(self, ready_timeout_s: float = 30.0) -> None:
+        self.ready_timeout_s = ready_timeout_s
+
+    # ---- Cloud interface -------------------------------------------------------------------------------
+
+    def provision(self, request: ProvisionRequest) -> list[Node]:
+        cluster = request.cluster_name
+        with _locked(layout.cluster_dir(cluster) / "cluster.lock"):
+            self._ensure_cluster_key(cluster)
+            existing = {n.rank: n for n in self.nodes(cluster)}
+            created: list[Path] = []
+            try:
+                for rank in range(request.num_nodes):
+                    node = existing.get(rank)
+                    if node is not None and node.status is NodeStatus.RUNNING:
+                        continue
+                    if node is not None:  # a dead node keeps its rank on a fresh instance
+                        self._retire(cluster, node.instance_id)
+                    created.append(self._launch(cluster, rank))
+                self._wait(created)
+            except BaseException:
+                for node_dir in created:
+                    self._retire(cluster, node_dir.name)
+                if not _instance_dirs(cluster):
+                    shutil.rmtree(layout.cluster_dir(cluster), ignore_errors=True)
+                raise
+        return self.nodes(cluster)
+
+    def nodes(self, cluster_name: str) -> list[Node]:
+        by_rank: dict[int, Node] = {}
+        for node_dir in _instance_dirs(cluster_name):
+            record = layout.read_json(layout.node_record_path(node_dir))
+            if not record or record.get("state") == layout.STATE_TERMINATED:
+                continue
+            node = self._node_from_record(cluster_name, node_dir, record)
+            current = by_rank.get(node.rank)
+            # During a replacement two instances share a rank: the running one wins.
+            if current is None or (
+                current.status is not NodeStatus.RUNNING and node.status is NodeStatus.RUNNING
+            ):
+                by_rank[node.rank] = node
+        return [by_rank[r] for r in sorted(by_rank)]
+
+    def replace(self, cluster_name: str, rank: int) -> Node:
+        with _locked(layout.cluster_dir(cluster_name) / "cluster.lock"):
+            old = [n for n in self.nodes(cluster_name) if n.rank == rank]
+            node_dir = self._launch(cluster_name, rank)
+            try:
+                self._wait([node_dir])
+            except BaseException:
+                self._retire(cluster_name, node_dir.name)
+                raise
+            for node in old:
+                self._retire(cluster_name, node.instance_id)
+        return next(n for n in self.nodes(cluster_name) if n.rank == rank)
+
+    def terminate(self, cluster_name: str) -> None:
+        cluster_dir = layout.cluster_dir(cluster_name)
+        daemon.kill_marked(cluster_name)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+
+    def cluster_info(self, cluster_name: str) -> ClusterInfo:
+        return ClusterInfo(cluster_name=cluster_name, cloud="local", region=None, zone=None)
+
+    def ssh_private_key(self, cluster_name: str) -> str:
+        return str(layout.cluster_key_path(cluster_name))
+
+    def clusters(self) -> list[str]:
+        base = layout.root()
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if (p / "instances").is_dir())
+
+    # ---- local-only operations -------------------------------------------------------------------------
+
+    def preempt(self, cluster_name: str, rank: int) -> Node:
+        """Kill a node and all its processes without warning, as a spot preemption would."""
+        target = next((n for n in self.nodes(cluster_name) if n.rank == rank), None)
+        if target is None:
+            ranks = [n.rank for n in self.nodes(cluster_name)]
+            raise ClusterError(f"cluster {cluster_name!r} has no node of rank {rank} (ranks: {ranks})")
+        node_dir = layout.instances_dir(cluster_name) / target.instance_id
+        record = layout.read_node_record(node_dir)
+        record["state"] = layout.STATE_PREEMPTED
+        layout.write_json_atomic(layout.node_record_path(node_dir), record)
+        daemon.kill_marked(daemon.marker(cluster_name, target.instance_id))
+        return next(n for n in self.nodes(cluster_name) if n.rank == rank)
+
+    # ---- internals -------------------------------------------------------------------------------------
+
+    def _ensure_cluster_key(self, cluster_name: str) -> None:
+        key_path = layout.cluster_key_path(cluster_name)
+        if key_path.exists():
+            return
+        key_path.parent.mkdir(parents=True, exist_ok=True)
+        key = asyncssh.generate_private_key("ssh-ed25519", comment=f"airflow-sky-{cluster_name}")
+        key.write_private_key(str(key_path))
+        os.chmod(key_path, 0o600)
+        key.write_public_key(str(key_path) + ".pub")
+
+    def _launch(self, cluster_name: str, rank: int) -> Path:
+        instance_id = f"local-{uuid.uuid4().hex[:12]}"
+        node_dir = layout.instances_dir(cluster_name) / instance_id
+        node_dir.mkdir(parents=True)
+        layout.node_home(node_dir).mkdir()
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        host_key.write_private_key(str(layout.host_key_path(node_dir)))
+        os.chmod(layout.host_key_path(node_dir), 0o600)
+        shutil.copyfile(
+            str(layout.cluster_key_path(cluster_name)) + ".pub", layout.authorized_keys_path(node_dir)
+        )
+        with _locked(layout.root() / "addresses.lock"):
+            ip = self._free_address()
+            layout.write_json_atomic(
+                layout.node_record_path(node_dir),
+                {
+                    "cluster": cluster_name,
+                    "rank": rank,
+                    "ip": ip,
+                    "port": int(os.environ.get(layout.DEFAULT_SSH_PORT_ENV, layout.DEFAULT_SSH_PORT)),
+                    "user": getpass.getuser(),
+                    "instance_id": instance_id,
+                    "host_key": " ".join(host_key.export_public_key("openssh").decode().split()[:2]),
+                    "state": layout.STATE_RUNNING,
+                    "created_at": time.time(),
+                },
+            )
+        daemon.spawn_server(node_dir, daemon.marker(cluster_name, instance_id))
+        return node_dir
+
+    def _wait(self, node_dirs: list[Path]) -> None:
+        if not node_dirs:
+            return
+        ports = daemon.wait_ready(node_dirs, self.ready_timeout_s)
+        for node_dir, port in ports.items():
+            record = layout.read_node_record(node_dir)
+            record["port"] = port
+            layout.write_json_atomic(layout.node_record_path(node_dir), record)
+
+    def _retire(self, cluster_name: str, instance_id: str) -> None:
+        daemon.kill_marked(daemon.marker(cluster_name, instance_id))
+        shutil.rmtree(layout.instances_dir(cluster_name) / instance_id, ignore_errors=True)
+
+    @staticmethod
+    def _free_address() -> str:
+        used = _addresses_in_use()
+        address = _FIRST_ADDRESS
+        while str(address) in used or str(address).endswith((".0", ".255")):
+            address += 1
+            if address > _LAST_ADDRESS:
+                raise ClusterError("no free loopback address left for a local node (127.0.0.2-127.0.255.254)")
+        return str(address)
+
+    @staticmethod
+    def _node_from_record(cluster_name: str, node_dir: Path, record: dict[str, Any]) -> Node:
+        instance_id = str(record["instance_id"])
+        if daemon.server_alive(node_dir, daemon.marker(cluster_name, instance_id)):
+            status = NodeStatus.RUNNING
+        elif record.get("state") == layout.STATE_PREEMPTED:
+            status = NodeStatus.PREEMPTED
+        else:
+            status = NodeStatus.TERMINATED
+        return Node(
+            rank=int(record["rank"]),
+            internal_ip=str(record["ip"]),
+            ssh_host=str(record["ip"]),
+            ssh_port=int(record["port"]),
+            ssh_user=str(record["user"]),
+            instance_id=instance_id,
+            status=status,
+            gpus=0,
+            host_key=str(record["host_key"]),
+        )

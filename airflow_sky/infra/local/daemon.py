@@ -1,0 +1,139 @@
+"""Start, find and stop the processes of local nodes.
+
+Every process of a node (its SSH server and everything started through it, detached jobs included)
+carries NODE_MARKER_ENV=<cluster>/<instance_id> and NODE_ROOT_ENV=<state root> in its environment, so
+stopping a node finds all of them even after `setsid` moved them out of the server's session, and only
+those of this state root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+
+from airflow_sky.errors import ClusterError
+from airflow_sky.infra.local import layout
+
+
+def marker(cluster_name: str, instance_id: str) -> str:
+    return f"{cluster_name}/{instance_id}"
+
+
+def spawn_server(node_dir: Path, node_marker: str) -> int:
+    """Start a node's SSH server detached from the caller (it outlives the Airflow task that started it)."""
+    env = dict(os.environ)
+    env[layout.NODE_MARKER_ENV] = node_marker
+    env[layout.NODE_ROOT_ENV] = layout.root_id()
+    # The node runs commands with the caller's PATH: make sure this interpreter's bin dir (torchrun, rsync
+    # wrappers of a venv) is on it even when the caller did not activate the venv.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    with open(layout.server_log_path(node_dir), "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_sky.infra.local.node_server", str(node_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            cwd=node_dir,
+            start_new_session=True,
+            close_fds=True,
+        )
+    return proc.pid
+
+
+def wait_ready(node_dirs: Iterable[Path], timeout_s: float = 30.0) -> dict[Path, int]:
+    """Wait until every node server listens; return each one's SSH port. Raises ClusterError naming the node."""
+    pending = list(node_dirs)
+    ports: dict[Path, int] = {}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        for node_dir in list(pending):
+            ready = layout.read_json(layout.ready_path(node_dir))
+            if ready is None:
+                continue
+            if "error" in ready:
+                raise ClusterError(f"local node {node_dir.name} failed to start: {ready['error']}")
+            ports[node_dir] = int(ready["port"])
+            pending.remove(node_dir)
+        if not pending:
+            break
+        if time.monotonic() > deadline:
+            names = ", ".join(d.name for d in pending)
+            raise ClusterError(
+                f"local nodes {names} did not start within {timeout_s:.0f}s (see their server.log)"
+            )
+        time.sleep(0.05)
+    return ports
+
+
+def processes_with_marker(prefix: str) -> list[psutil.Process]:
+    """This root's processes whose node marker is `prefix` or starts with `prefix/` (a cluster or one instance)."""
+    found = []
+    root_id = layout.root_id()
+    for proc in psutil.process_iter():
+        try:
+            environ = proc.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
+            continue
+        value = environ.get(layout.NODE_MARKER_ENV)
+        if (
+            value is not None
+            and (value == prefix or value.startswith(prefix + "/"))
+            and environ.get(layout.NODE_ROOT_ENV) == root_id
+        ):
+            found.append(proc)
+    return found
+
+
+def kill_marked(prefix: str, timeout_s: float = 5.0) -> int:
+    """SIGKILL every process of a node or cluster and reap; returns how many there were."""
+    procs = processes_with_marker(prefix)
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(signal.SIGKILL)
+    # Not psutil.wait_procs: a killed process whose parent has not reaped it yet is a zombie (dead, just
+    # not buried), and still "exists" for it.
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
+    if alive:
+        pids = ", ".join(str(p.pid) for p in alive)
+        raise ClusterError(f"could not stop local node processes {pids} of {prefix}")
+    return len(procs)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def server_alive(node_dir: Path, node_marker: str) -> bool:
+    """Is the node's SSH server running? Checks pid and marker, so a recycled pid does not count."""
+    ready = layout.read_json(layout.ready_path(node_dir))
+    if not ready or "pid" not in ready:
+        return False
+    try:
+        proc = psutil.Process(int(ready["pid"]))
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        environ = proc.environ()
+        return (
+            environ.get(layout.NODE_MARKER_ENV) == node_marker
+            and environ.get(layout.NODE_ROOT_ENV) == layout.root_id()
+        )
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False

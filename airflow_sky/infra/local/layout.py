@@ -1,0 +1,110 @@
+"""Where the local cluster keeps its state, and the records in it.
+
+    <root>/                       AIRFLOW_SKY_LOCAL_ROOT, default ~/.airflow_sky/local
+      addresses.lock              serializes loopback address allocation across clusters
+      <cluster>/
+        cluster.lock
+        id_ed25519, id_ed25519.pub  the cluster key pair (clients authenticate with it)
+        instances/<instance_id>/
+          node.json               the instance's tags: rank, ip, port, host key, state
+          host_key                the node's SSH host key (public half pinned in node.json)
+          authorized_keys
+          ready.json              written by the node server once it listens
+          server.log
+          home/                   the node's $HOME
+
+The instance records are the source of truth for membership and ranks, like tags on cloud instances.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from airflow_sky.infra.home import sky_home
+
+ROOT_ENV = "AIRFLOW_SKY_LOCAL_ROOT"
+# Set in the environment of every process of a node, so that teardown finds all of them (like a cgroup).
+NODE_MARKER_ENV = "AIRFLOW_SKY_LOCAL_NODE"
+# ... together with the state root it belongs to: two roots on one machine (two users, two test runs) may
+# both have a cluster called `train`, and stopping one must never touch the other's processes.
+NODE_ROOT_ENV = "AIRFLOW_SKY_LOCAL_NODE_ROOT"
+DEFAULT_SSH_PORT_ENV = "AIRFLOW_SKY_LOCAL_SSH_PORT"
+DEFAULT_SSH_PORT = 2222
+CLUSTER_KEY = "id_ed25519"
+
+# Instance states as the local "cloud" records them (mapped to NodeStatus by the driver).
+STATE_RUNNING = "running"
+STATE_PREEMPTED = "preempted"
+STATE_TERMINATED = "terminated"
+
+
+def root() -> Path:
+    configured = os.environ.get(ROOT_ENV)
+    return Path(configured) if configured else sky_home() / "local"
+
+
+def root_id() -> str:
+    """The value of NODE_ROOT_ENV for nodes of this root."""
+    return str(root().resolve())
+
+
+def cluster_dir(cluster_name: str) -> Path:
+    return root() / cluster_name
+
+
+def instances_dir(cluster_name: str) -> Path:
+    return cluster_dir(cluster_name) / "instances"
+
+
+def cluster_key_path(cluster_name: str) -> Path:
+    return cluster_dir(cluster_name) / CLUSTER_KEY
+
+
+def node_record_path(node_dir: Path) -> Path:
+    return node_dir / "node.json"
+
+
+def node_home(node_dir: Path) -> Path:
+    return node_dir / "home"
+
+
+def host_key_path(node_dir: Path) -> Path:
+    return node_dir / "host_key"
+
+
+def authorized_keys_path(node_dir: Path) -> Path:
+    return node_dir / "authorized_keys"
+
+
+def ready_path(node_dir: Path) -> Path:
+    return node_dir / "ready.json"
+
+
+def server_log_path(node_dir: Path) -> Path:
+    return node_dir / "server.log"
+
+
+def read_node_record(node_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(node_record_path(node_dir).read_text())
+    return data
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Readers never see a half-written record (write a temp file, then rename over)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)

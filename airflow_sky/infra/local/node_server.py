@@ -1,0 +1,255 @@
+"""One node of the embedded local cluster: an SSH + SFTP server on its own loopback address.
+
+Run as `python -m airflow_sky.infra.local.node_server NODE_DIR` by the local cloud driver (never by hand). Every
+command runs under bash with HOME = the node's home and the caller's PATH, in a new session, so the node
+behaves like a small machine of its own: `~/sky_workdir` differs per node, `setsid` jobs outlive the SSH
+connection, and rsync/scp/paramiko work as against a real sshd. SFTP is chrooted to the node home.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import pty
+import signal
+import struct
+import sys
+import termios
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import psutil
+
+from airflow_sky.infra.local import layout
+
+# Grace between SIGHUP and SIGKILL for a foreground command whose client went away (sshd does the same HUP).
+_HANGUP_GRACE_S = 2.0
+_PR_SET_CHILD_SUBREAPER = 36
+_REAP_INTERVAL_S = 0.2
+
+
+class _NodeServer(asyncssh.SSHServer):
+    """Accepts only the cluster key (asyncssh checks authorized_client_keys); any user name maps to the node."""
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+
+def _command_env(home: Path, marker: str, base_env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    env = dict(base_env)
+    env.update(extra)
+    env.update(
+        {
+            "HOME": str(home),
+            "PWD": str(home),
+            "SHELL": "/bin/bash",
+            layout.NODE_MARKER_ENV: marker,
+            layout.NODE_ROOT_ENV: base_env.get(layout.NODE_ROOT_ENV, ""),
+        }
+    )
+    return env
+
+
+class _ProcessRunner:
+    """Serves one SSH session: an exec command or an interactive shell, as a bash subprocess."""
+
+    def __init__(self, home: Path, marker: str, base_env: dict[str, str]) -> None:
+        self.own_children: set[int] = set()
+        self._home = home
+        self._marker = marker
+        self._base_env = base_env
+
+    async def __call__(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        command = process.command
+        argv = ["bash", "-c", command] if command is not None else ["bash", "-l"]
+        client_env = {k: v for k, v in (process.env or {}).items() if k in ("TERM", "LANG", "LC_ALL")}
+        env = _command_env(
+            self._home, self._marker, self._base_env, {str(k): str(v) for k, v in client_env.items()}
+        )
+        if process.get_terminal_type():
+            env["TERM"] = process.get_terminal_type() or "xterm"
+            rc = await self._run_with_pty(process, argv, env)
+        else:
+            rc = await self._run_with_pipes(process, argv, env)
+        process.exit(rc)
+
+    async def _run_with_pipes(
+        self, process: asyncssh.SSHServerProcess[bytes], argv: list[str], env: dict[str, str]
+    ) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=self._home,
+            env=env,
+            start_new_session=True,
+        )
+        self.own_children.add(proc.pid)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        # Explicit pumps rather than process.redirect(): the exit status must follow the last output byte.
+        feeding = asyncio.ensure_future(_pump_stdin(process.stdin, proc.stdin))
+        output: asyncio.Future[Any] = asyncio.gather(
+            _pump(proc.stdout, process.stdout), _pump(proc.stderr, process.stderr)
+        )
+        closed = asyncio.ensure_future(process.wait_closed())
+        await asyncio.wait({output, closed}, return_when=asyncio.FIRST_COMPLETED)
+        rc = await self._wait(proc, client_gone=not output.done())
+        feeding.cancel()
+        closed.cancel()
+        if not output.done():
+            output.cancel()
+        return rc
+
+    async def _run_with_pty(
+        self, process: asyncssh.SSHServerProcess[bytes], argv: list[str], env: dict[str, str]
+    ) -> int:
+        master, slave = pty.openpty()
+        width, height, _, _ = process.get_terminal_size()
+        if width and height:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=slave, stdout=slave, stderr=slave, cwd=self._home, env=env, start_new_session=True
+        )
+        self.own_children.add(proc.pid)
+        os.close(slave)
+        reader = os.fdopen(master, "rb", buffering=0)
+        writer = os.fdopen(os.dup(master), "wb", buffering=0)
+        await process.redirect(stdin=writer, stdout=reader)
+        closed = asyncio.ensure_future(process.wait_closed())
+        done = asyncio.ensure_future(proc.wait())
+        await asyncio.wait({closed, done}, return_when=asyncio.FIRST_COMPLETED)
+        closed.cancel()
+        return await self._wait(proc, client_gone=not done.done())
+
+    async def _wait(self, proc: asyncio.subprocess.Process, client_gone: bool) -> int:
+        if client_gone and proc.returncode is None:
+            # The client went away: hang up the command's process group, as sshd does.
+            _signal_group(proc.pid, signal.SIGHUP)
+            try:
+                await asyncio.wait_for(proc.wait(), _HANGUP_GRACE_S)
+            except TimeoutError:
+                _signal_group(proc.pid, signal.SIGKILL)
+        rc = await proc.wait()
+        self.own_children.discard(proc.pid)
+        return rc if rc >= 0 else 128 - rc
+
+
+async def _pump(source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes]) -> None:
+    while chunk := await source.read(65536):
+        sink.write(chunk)
+        await sink.drain()
+
+
+async def _pump_stdin(source: asyncssh.SSHReader[bytes], sink: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await source.read(65536):
+            sink.write(chunk)
+            await sink.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        sink.close()
+
+
+def _become_subreaper() -> None:
+    """Adopt the node's orphans (setsid jobs whose launcher exited), as a machine's init would.
+
+    Without this they reparent to the host's PID 1, which in containers often never reaps them: a finished
+    job would then linger as a zombie and still look alive to `kill -0`.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+async def _reap_orphans(own_children: set[int]) -> None:
+    """Reap adopted orphans. Our own subprocesses are left to asyncio, which waits for them by pid."""
+    me = psutil.Process()
+    seen_dead: set[int] = set()
+    while True:
+        await asyncio.sleep(_REAP_INTERVAL_S)
+        zombies = set()
+        for child in me.children():
+            with contextlib.suppress(psutil.Error):
+                if child.pid not in own_children and child.status() == psutil.STATUS_ZOMBIE:
+                    zombies.add(child.pid)
+        # A zombie seen twice is no child asyncio is about to wait for (its watcher waits at once).
+        for pid in zombies & seen_dead:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        seen_dead = zombies - seen_dead
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _serve(node_dir: Path) -> None:
+    record = layout.read_node_record(node_dir)
+    home = layout.node_home(node_dir)
+    home.mkdir(parents=True, exist_ok=True)
+    marker = os.environ[layout.NODE_MARKER_ENV]
+    base_env = {k: v for k, v in os.environ.items() if k not in ("PWD", "OLDPWD")}
+    runner = _ProcessRunner(home, marker, base_env)
+    _become_subreaper()
+    reaper = asyncio.ensure_future(_reap_orphans(runner.own_children))
+
+    def sftp_factory(chan: asyncssh.SSHServerChannel[bytes]) -> asyncssh.SFTPServer:
+        return asyncssh.SFTPServer(chan, chroot=str(home).encode())
+
+    options: dict[str, Any] = dict(
+        server_host_keys=[str(layout.host_key_path(node_dir))],
+        authorized_client_keys=str(layout.authorized_keys_path(node_dir)),
+        process_factory=runner,
+        sftp_factory=sftp_factory,
+        encoding=None,
+        allow_scp=True,
+        x11_forwarding=False,
+        agent_forwarding=False,
+        keepalive_interval=15,
+    )
+    try:
+        server = await asyncssh.create_server(_NodeServer, record["ip"], int(record["port"]), **options)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        # Something else holds the preferred port on every address: take any free one (recorded in ready.json).
+        server = await asyncssh.create_server(_NodeServer, record["ip"], 0, **options)
+    port = server.sockets[0].getsockname()[1]
+    layout.write_json_atomic(layout.ready_path(node_dir), {"pid": os.getpid(), "port": port})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    reaper.cancel()
+    server.close()
+    await server.wait_closed()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("node_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(_serve(args.node_dir))
+    except OSError as e:
+        # The launcher reads this file to report why the node did not come up.
+        error: dict[str, Any] = {"error": f"{type(e).__name__}: {e}"}
+        layout.write_json_atomic(layout.ready_path(args.node_dir), error)
+        print(json.dumps(error), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

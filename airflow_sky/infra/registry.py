@@ -1,0 +1,42 @@
+"""The one table of infras. Optional clouds import lazily, with an install hint when their extra is missing."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from airflow_sky.errors import SpecError
+from airflow_sky.infra.base import Cloud
+from airflow_sky.infra.cluster import Cluster
+
+# infra name -> (module, class, pip extra that provides its dependencies or None)
+_DRIVERS: dict[str, tuple[str, str, str | None]] = {
+    "local": ("airflow_sky.infra.local.cloud", "LocalCloud", None),
+}
+
+
+def supported_infras() -> list[str]:
+    return sorted(_DRIVERS)
+
+
+def get_cloud(infra: str, conn_id: str | None = None) -> Cloud:
+    """The driver for `infra` (`local`, `ssh/<pool>`, `aws/<region>`, ...); only the cloud part selects it."""
+    cloud_name = (infra or "local").split("/", 1)[0].lower()
+    entry = _DRIVERS.get(cloud_name)
+    if entry is None:
+        raise SpecError(
+            f"infra: unsupported cloud {cloud_name!r}; supported: {', '.join(supported_infras())}"
+        )
+    module_name, class_name, extra = entry
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        hint = f" (pip install 'airflow-sky[{extra}]')" if extra else ""
+        raise SpecError(f"infra: {cloud_name} needs packages that are not installed{hint}: {e}") from e
+    factory: Callable[..., Cloud] = getattr(module, class_name)
+    return factory() if conn_id is None else factory(conn_id=conn_id)
+
+
+def open_cluster(cluster_name: str, infra: str | None = None, conn_id: str | None = None) -> Cluster:
+    """The Cluster object for `cluster_name` on `infra` (local when not given); connects to nothing yet."""
+    return Cluster(cluster_name, infra or "local", get_cloud(infra or "local", conn_id))

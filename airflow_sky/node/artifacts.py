@@ -1,0 +1,106 @@
+"""Artifacts: files a job leaves on its nodes, streamed to a local directory, S3 or GCS by the collect task.
+
+Destinations: a local directory (`/data/runs/1` or `file:///data/runs/1`), `s3://bucket/prefix/` (through
+the amazon provider's S3Hook) or `gs://bucket/prefix/` (through the google provider's GCSHook). Files are
+streamed from the node's SFTP channel; nothing is read whole into memory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlparse
+
+from airflow_sky.errors import JobFailed, SkyError, SpecError
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.paths import remote_path
+from airflow_sky.node.record import Node
+
+_CHUNK = 1024 * 1024
+
+
+def destination_uri(base: str, artifact: str, rank: int | None) -> str:
+    """Where one artifact goes: `<base>/<file name>`, or `<base>/rank-<r>/<file name>` when every rank uploads."""
+    name = posixpath.basename(artifact.rstrip("/"))
+    if name in ("", "~", ".", ".."):
+        raise SpecError(f"artifacts: {artifact!r} does not name a file")
+    parts = [base.rstrip("/")]
+    if rank is not None:
+        parts.append(f"rank-{rank}")
+    parts.append(name)
+    return "/".join(parts)
+
+
+def validate_destination(base: str) -> None:
+    scheme = urlparse(base).scheme
+    if scheme not in ("", "file", "s3", "gs"):
+        raise SpecError(
+            f"artifacts_to: unsupported destination {base!r}; use a local directory, s3://... or gs://..."
+        )
+
+
+def upload_stream(stream: IO[bytes], uri: str, aws_conn_id: str | None, gcp_conn_id: str | None) -> None:
+    """Copy a readable binary stream to `uri` without holding it in memory."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        target = Path(parsed.path if parsed.scheme else uri).expanduser()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as out:
+            shutil.copyfileobj(stream, out, _CHUNK)
+    elif parsed.scheme == "s3":
+        try:
+            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+        except ImportError as e:
+            raise SkyError(
+                "artifacts_to s3:// needs the amazon provider: pip install 'airflow-sky[aws]'"
+            ) from e
+        S3Hook(aws_conn_id=aws_conn_id or "aws_default").load_file_obj(
+            stream, key=parsed.path.lstrip("/"), bucket_name=parsed.netloc, replace=True
+        )
+    elif parsed.scheme == "gs":
+        try:
+            from airflow.providers.google.cloud.hooks.gcs import GCSHook
+        except ImportError as e:
+            raise SkyError(
+                "artifacts_to gs:// needs the google provider: pip install 'airflow-sky[gcp]'"
+            ) from e
+        client = GCSHook(gcp_conn_id=gcp_conn_id or "google_cloud_default").get_conn()
+        # A chunk size makes it a resumable upload sent chunk by chunk (else the client reads it all first).
+        blob = client.bucket(parsed.netloc).blob(parsed.path.lstrip("/"), chunk_size=8 * _CHUNK)
+        blob.upload_from_file(stream)
+    else:
+        validate_destination(uri)
+
+
+def upload_artifacts(
+    clients: Mapping[int, NodeClient],
+    nodes: Sequence[Node],
+    paths: Sequence[str],
+    destination: str,
+    per_rank: bool,
+    log: Callable[[str], None],
+    aws_conn_id: str | None = None,
+    gcp_conn_id: str | None = None,
+) -> dict[str, str]:
+    """Stream every path from every node to `destination` (into `rank-<r>/` with `per_rank`).
+
+    Returns {path: uri} ({`rank<r>:path`: uri} with `per_rank`); a missing file is a JobFailed naming it.
+    """
+    validate_destination(destination)
+    uploaded: dict[str, str] = {}
+    for node in nodes:
+        client = clients[node.rank]
+        for path in paths:
+            uri = destination_uri(destination, path, node.rank if per_rank else None)
+            try:
+                with client.open_remote(remote_path(path)) as stream:
+                    stream.prefetch()  # pipelined reads: SFTP round trips overlap
+                    upload_stream(stream, uri, aws_conn_id, gcp_conn_id)  # type: ignore[arg-type]
+            except FileNotFoundError as e:
+                raise JobFailed(f"artifact {path} is missing on rank {node.rank} ({node.internal_ip})") from e
+            log(f"artifact {path} (rank {node.rank}) -> {uri}")
+            uploaded[f"rank{node.rank}:{path}" if per_rank else path] = uri
+    return uploaded

@@ -1,0 +1,249 @@
+"""One SSH connection to one node, through the SSH provider's SSHHook (paramiko), host key pinned."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import select
+import shlex
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import paramiko
+from airflow.providers.ssh.hooks.ssh import SSHHook
+
+from airflow_sky.errors import RemoteError
+from airflow_sky.node.record import Node
+
+# paramiko logs every connect and SFTP session at INFO: noise in task logs and the CLI.
+logging.getLogger("paramiko").setLevel(logging.WARNING)
+
+_HOST_KEY_TYPES: dict[str, type[paramiko.PKey]] = {
+    "ssh-ed25519": paramiko.Ed25519Key,
+    "ssh-rsa": paramiko.RSAKey,
+    "ecdsa-sha2-nistp256": paramiko.ECDSAKey,
+    "ecdsa-sha2-nistp384": paramiko.ECDSAKey,
+    "ecdsa-sha2-nistp521": paramiko.ECDSAKey,
+}
+
+
+def parse_host_key(host_key: str) -> paramiko.PKey:
+    """`<type> <base64>` as in known_hosts -> a paramiko key (paramiko parses the blob)."""
+    parts = host_key.split()
+    if len(parts) < 2 or parts[0] not in _HOST_KEY_TYPES:
+        raise RemoteError(
+            f"unsupported host key {host_key[:40]!r}: expected '<type> <base64>' ({', '.join(_HOST_KEY_TYPES)})"
+        )
+    return _HOST_KEY_TYPES[parts[0]](data=base64.b64decode(parts[1]))  # type: ignore[arg-type]
+
+
+class NodeSSHHook(SSHHook):
+    """SSHHook for a node whose address, user, key and host key come from the cluster record.
+
+    The host key learned at provision time is pinned (no trust-on-first-use), and TCP_NODELAY is set:
+    paramiko leaves Nagle on, which costs ~40 ms per small exec round trip.
+    """
+
+    def __init__(
+        self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3
+    ) -> None:
+        super().__init__(
+            remote_host=node.ssh_host,
+            username=node.ssh_user,
+            key_file=key_file,
+            port=node.ssh_port,
+            conn_timeout=conn_timeout,
+            keepalive_interval=15,
+            conn_retry_attempts=conn_retry_attempts,
+        )
+        self.look_for_keys = False
+        self.compress = False  # rsync compresses what needs it; zlib only slows small execs
+        if node.host_key:
+            self.host_key = parse_host_key(node.host_key)  # type: ignore[assignment]
+            self.no_host_key_check = False
+
+    def get_conn(self) -> paramiko.SSHClient:
+        client = super().get_conn()
+        transport = client.get_transport()
+        if transport is not None:
+            with contextlib.suppress(OSError):
+                transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+        return client
+
+
+class NodeClient:
+    """Exec, streaming exec and SFTP on one node over one reused connection. Thread-safe for exec."""
+
+    def __init__(
+        self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3
+    ) -> None:
+        self.node = node
+        self.key_file = key_file
+        self._hook = NodeSSHHook(node, key_file, conn_timeout, conn_retry_attempts)
+        self._lock = threading.Lock()
+        # One SFTP channel serves every thread; paramiko's SFTP client is not safe for concurrent requests.
+        self._sftp_lock = threading.RLock()
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self.remote_has_rsync: bool | None = None  # learned by the first sync over this client
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def ssh(self) -> paramiko.SSHClient:
+        with self._lock:
+            transport = self._client.get_transport() if self._client else None
+            if self._client is None or transport is None or not transport.is_active():
+                try:
+                    self._client = self._hook.get_conn()
+                except (paramiko.SSHException, OSError) as e:
+                    raise RemoteError(
+                        f"cannot reach node rank {self.node.rank} at {self.node.ssh_host}:{self.node.ssh_port}: {e}"
+                    ) from e
+                self._sftp = None
+            return self._client
+
+    @property
+    def sftp(self) -> paramiko.SFTPClient:
+        client = self.ssh
+        with self._lock:
+            if self._sftp is None:
+                self._sftp = client.open_sftp()
+            return self._sftp
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sftp is not None:
+                with contextlib.suppress(Exception):
+                    self._sftp.close()
+            if self._client is not None:
+                with contextlib.suppress(Exception):
+                    self._client.close()
+            self._sftp = None
+            self._client = None
+
+    def exec(
+        self, command: str, stdin: bytes | IO[bytes] | None = None, timeout: float | None = 120
+    ) -> tuple[int, bytes, bytes]:
+        """Run `command` (bash text, never carrying secrets) and return (exit code, stdout, stderr)."""
+        chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+        rc = self.exec_stream(
+            command,
+            on_stdout=chunks["out"].append,
+            on_stderr=chunks["err"].append,
+            stdin=stdin,
+            timeout=timeout,
+        )
+        return rc, b"".join(chunks["out"]), b"".join(chunks["err"])
+
+    def exec_stream(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], Any],
+        on_stderr: Callable[[bytes], Any] | None = None,
+        stdin: bytes | IO[bytes] | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Run `command`, handing output chunks to the callbacks as they arrive; return the exit code."""
+        try:
+            channel = self.ssh.get_transport().open_session(timeout=30)  # type: ignore[union-attr]
+        except (paramiko.SSHException, OSError) as e:
+            raise RemoteError(
+                f"cannot open a channel to node rank {self.node.rank} ({self.node.ssh_host}): {e}"
+            ) from e
+        with channel:
+            channel.settimeout(timeout)
+            channel.exec_command(f"bash -c {shlex.quote(command)}")
+            if stdin is not None:
+                self._send_stdin(channel, stdin)
+            channel.shutdown_write()
+            try:
+                for out, err in _drain(channel):
+                    if out:
+                        on_stdout(out)
+                    if err and on_stderr is not None:
+                        on_stderr(err)
+            except TimeoutError as e:
+                raise RemoteError(f"command on node rank {self.node.rank} timed out after {timeout}s") from e
+            return channel.recv_exit_status()
+
+    @staticmethod
+    def _send_stdin(channel: paramiko.Channel, stdin: bytes | IO[bytes]) -> None:
+        if isinstance(stdin, bytes):
+            channel.sendall(stdin)
+            return
+        while block := stdin.read(256 * 1024):
+            channel.sendall(block)
+
+    def put(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
+        """Upload one file (streamed in blocks); relative remote paths are under the node's home."""
+        with self._sftp_lock:
+            self.sftp.put(str(local_path), remote_path)
+            if mode is not None:
+                self.sftp.chmod(remote_path, mode)
+
+    def get(self, remote_path: str, local_path: str | Path) -> None:
+        """Download one file (streamed in blocks)."""
+        with self._sftp_lock:
+            self.sftp.get(remote_path, str(local_path))
+
+    def read_file(self, remote_path: str) -> bytes | None:
+        """A small remote file's content, or None when it does not exist."""
+        with self._sftp_lock:
+            try:
+                with self.sftp.open(remote_path, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+
+    def rename(self, source: str, destination: str) -> None:
+        """Atomic rename over an existing file (POSIX rename)."""
+        with self._sftp_lock:
+            self.sftp.posix_rename(source, destination)
+
+    @contextlib.contextmanager
+    def open_remote(self, remote_path: str, mode: str = "rb") -> Iterator[paramiko.SFTPFile]:
+        with self._sftp_lock, self.sftp.open(remote_path, mode) as f:
+            yield f
+
+
+def _drain(channel: paramiko.Channel) -> Iterator[tuple[bytes, bytes]]:
+    """Yield (stdout, stderr) chunks until the remote side closes both and exits."""
+    while True:
+        got = False
+        if channel.recv_ready():
+            got = True
+            out = channel.recv(65536)
+        else:
+            out = b""
+        if channel.recv_stderr_ready():
+            got = True
+            err = channel.recv_stderr(65536)
+        else:
+            err = b""
+        if got:
+            yield out, err
+            continue
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            # Drain the last bytes that may arrive together with the exit status.
+            while channel.recv_ready():
+                yield channel.recv(65536), b""
+            return
+        if channel.closed:
+            return
+        _wait_readable(channel)
+
+
+def _wait_readable(channel: paramiko.Channel) -> None:
+    timeout = channel.gettimeout()
+    readable, _, _ = select.select([channel], [], [], timeout if timeout is not None else 1.0)
+    if not readable and timeout is not None and not channel.exit_status_ready():
+        raise TimeoutError

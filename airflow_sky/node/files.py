@@ -1,0 +1,88 @@
+"""Getting a task's files onto a node: the workdir (to ~/sky_workdir) and local file_mounts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+import shlex
+import time
+from collections.abc import Callable
+
+from airflow_sky.errors import SpecError
+from airflow_sky.node.buckets import bucket_source, copy_bucket
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.paths import WORKDIR, remote_path
+from airflow_sky.node.sync import sync_dir
+from airflow_sky.task import StorageMount, Task, is_bucket_uri
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadResult:
+    files_sent: int
+    method: str
+
+
+def local_uploads(task: Task) -> list[tuple[str, str]]:
+    """(local source, remote destination) pairs: the workdir first, then local file_mounts."""
+    uploads: list[tuple[str, str]] = []
+    if task.resolved_workdir is not None:
+        uploads.append((task.resolved_workdir, f"~/{WORKDIR}"))
+    for dst, src in task.file_mounts.items():
+        local = _local_source(src)
+        if local is not None:
+            uploads.append((task.resolve_local_path(local), dst))
+    return uploads
+
+
+def _local_source(src: str | StorageMount) -> str | None:
+    """The local path of a mount (a plain path, or a storage mapping whose source is one), else None."""
+    if isinstance(src, StorageMount):
+        return src.source if isinstance(src.source, str) and not is_bucket_uri(src.source) else None
+    return None if is_bucket_uri(src) else src
+
+
+def bucket_mounts(task: Task) -> list[tuple[str, str]]:
+    """(bucket URI, remote destination) pairs of the bucket file_mounts (validated when the DAG is built)."""
+    return [
+        (bucket_source(src, dst), dst) for dst, src in task.file_mounts.items() if _local_source(src) is None
+    ]
+
+
+def upload_task_files(
+    client: NodeClient,
+    task: Task,
+    log: Callable[[str], None],
+    aws_conn_id: str | None = None,
+    gcp_conn_id: str | None = None,
+) -> UploadResult:
+    """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing),
+    then copy bucket file_mounts onto it through the providers' hooks."""
+    sent, method = 0, "none"
+    for source, destination in local_uploads(task):
+        started = time.monotonic()
+        if os.path.isdir(source):
+            result = sync_dir(client, source, destination)
+            sent += len(result.files_sent)
+            method = result.method
+        elif os.path.isfile(source):
+            _put_file(client, source, destination)
+            sent += 1
+            method = "sftp"
+        else:
+            raise SpecError(f"file_mounts: local path {source} does not exist")
+        log(
+            f"synced {source} -> {destination} on rank {client.node.rank} "
+            f"({method}, {sent} files sent, {time.monotonic() - started:.1f}s)"
+        )
+    for uri, destination in bucket_mounts(task):
+        sent += copy_bucket(client, uri, destination, log, aws_conn_id, gcp_conn_id)
+    return UploadResult(sent, method)
+
+
+def _put_file(client: NodeClient, source: str, destination: str) -> None:
+    remote = remote_path(destination)
+    parent = posixpath.dirname(remote)
+    if parent:
+        client.exec(f"mkdir -p {shlex.quote(parent)}", timeout=60)
+    client.put(source, remote)

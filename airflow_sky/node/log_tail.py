@@ -1,0 +1,70 @@
+"""Reading one rank's job log from an offset: whole lines, prefixed the way SkyPilot prints them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from airflow_sky.node import jobs
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.logs import LineSplitter, node_prefix
+
+
+class LogTail:
+    """The log of job `job_id` (one generation) on `client`'s node, fed to `emit` line by line.
+
+    Lines carry the node's prefix (`(worker1, rank=1, pid=..., ip=...)`; the pid once the node reports it).
+    `poll()` reads what is new and returns the job's state; it raises RemoteError when the node does not
+    answer. The last line is flushed when the job has ended and its log is read to the end.
+    """
+
+    def __init__(
+        self,
+        client: NodeClient,
+        job_id: str,
+        generation: int,
+        setup: bool,
+        emit: Callable[[str], None],
+        offset: int = 0,
+        keep: int = 20,
+    ) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.generation = generation
+        self.offset = offset
+        self.ended = False
+        self._setup = setup
+        self._emit = emit
+        self._prefix = self._prefix_for(None)
+        self._lines = LineSplitter(self._line, keep=keep)
+
+    def _prefix_for(self, pid: int | None) -> str:
+        node = self.client.node
+        return node_prefix(node.rank, pid, node.internal_ip, self._setup)
+
+    def _line(self, line: str) -> None:
+        self._emit(f"{self._prefix} {line}")
+
+    def poll(self) -> jobs.JobPoll:
+        poll = jobs.poll_job(self.client, self.job_id, self.generation, self.offset)
+        if poll.pid is not None:
+            self._prefix = self._prefix_for(poll.pid)
+        self._lines.feed(poll.data)
+        self.offset = poll.next_offset
+        if poll.missing or (not poll.running and poll.caught_up):
+            self._lines.flush()
+            self.ended = True
+        return poll
+
+    def flush(self) -> None:
+        """Emit an unfinished last line now (a reader that stops before the job ends)."""
+        self._lines.flush()
+
+    @property
+    def line_offset(self) -> int:
+        """The end of the last whole line emitted: where a later reader goes on without repeating a line."""
+        return self.offset - self._lines.pending_bytes
+
+    @property
+    def tail(self) -> tuple[str, ...]:
+        """The last lines read (unprefixed), for error messages."""
+        return tuple(self._lines.tail)

@@ -1,0 +1,209 @@
+"""Workdir and file-mount upload to a node: rsync over SSH where both ends have it, SFTP otherwise.
+
+Exclusions follow SkyPilot: a `.skyignore` at the top of the directory, else the `.gitignore` files in it.
+Re-syncs send only what changed (rsync's quick check; the SFTP path compares size and mtime the same way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pathspec
+
+from airflow_sky.errors import RemoteError
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.paths import remote_path
+
+SKYIGNORE = ".skyignore"
+GITIGNORE = ".gitignore"
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncResult:
+    method: str  # "rsync" or "sftp"
+    files_sent: tuple[str, ...]  # paths relative to the source directory
+
+
+def ignore_spec(local_dir: Path) -> pathspec.PathSpec:
+    """The exclusion rules of a directory: .skyignore wins over .gitignore files (as in SkyPilot)."""
+    skyignore = local_dir / SKYIGNORE
+    if skyignore.is_file():
+        return pathspec.GitIgnoreSpec.from_lines(skyignore.read_text().splitlines())
+    lines: list[str] = []
+    for gitignore in sorted(local_dir.rglob(GITIGNORE)):
+        prefix = gitignore.parent.relative_to(local_dir).as_posix()
+        for raw in gitignore.read_text().splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            lines.append(_anchor(line, prefix))
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _anchor(pattern: str, prefix: str) -> str:
+    """Re-root a nested .gitignore's pattern at the top directory (git scopes it to its own folder)."""
+    if prefix in ("", "."):
+        return pattern
+    negate = pattern.startswith("!")
+    body = pattern[1:] if negate else pattern
+    anchored = body.lstrip("/") if "/" in body.rstrip("/") else f"**/{body}"
+    return ("!" if negate else "") + f"{prefix}/{anchored}"
+
+
+def iter_files(local_dir: Path, spec: pathspec.PathSpec) -> Iterator[str]:
+    """Relative paths of the files to send, in a stable order, skipping ignored files and directories."""
+    for root, dirs, files in os.walk(local_dir):
+        rel_root = Path(root).relative_to(local_dir).as_posix()
+        rel_root = "" if rel_root == "." else rel_root + "/"
+        dirs[:] = sorted(d for d in dirs if not spec.match_file(rel_root + d + "/"))
+        for name in sorted(files):
+            rel = rel_root + name
+            if not spec.match_file(rel):
+                yield rel
+
+
+def rsync_available(client: NodeClient) -> bool:
+    """Both ends have rsync (asked once per connection: a workdir and several mounts sync in a row)."""
+    if shutil.which("rsync") is None or shutil.which("ssh") is None:
+        return False
+    if client.remote_has_rsync is None:
+        rc, _, _ = client.exec("command -v rsync >/dev/null", timeout=30)
+        client.remote_has_rsync = rc == 0
+    return client.remote_has_rsync
+
+
+def sync_dir(
+    client: NodeClient,
+    local_dir: str | Path,
+    remote_dir: str,
+    method: str = "auto",
+    on_progress: Callable[[str], None] | None = None,
+) -> SyncResult:
+    """Upload the contents of `local_dir` into `remote_dir` (relative to the node's home, or `~/...`)."""
+    source = Path(local_dir).expanduser()
+    if not source.is_dir():
+        raise RemoteError(f"cannot sync {source}: not a directory")
+    remote_dir = remote_path(remote_dir)
+    if method == "auto":
+        method = "rsync" if rsync_available(client) else "sftp"
+    if method == "rsync":
+        return _rsync(client, source, remote_dir, on_progress)
+    if method == "sftp":
+        return _sftp_sync(client, source, remote_dir, on_progress)
+    raise ValueError(f"unknown sync method {method!r}: use 'auto', 'rsync' or 'sftp'")
+
+
+def ssh_command_for(client: NodeClient, known_hosts: Path) -> list[str]:
+    """The OpenSSH client command that reaches the node with the cluster key and the pinned host key."""
+    node = client.node
+    return [
+        "ssh",
+        "-i",
+        client.key_file,
+        "-p",
+        str(node.ssh_port),
+        "-l",
+        node.ssh_user,
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "ConnectTimeout=10",
+    ]
+
+
+def known_hosts_line(client: NodeClient) -> str:
+    """The known_hosts line OpenSSH (under rsync) checks the node's host key against."""
+    line = client.node.known_hosts_line
+    if line is None:
+        raise RemoteError(f"node rank {client.node.rank} has no pinned host key; cannot rsync to it safely")
+    return line + "\n"
+
+
+def _rsync(
+    client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None
+) -> SyncResult:
+    with tempfile.TemporaryDirectory(prefix="airflow-sky-sync-") as tmp:
+        known_hosts = Path(tmp) / "known_hosts"
+        known_hosts.write_text(known_hosts_line(client))
+        command = [
+            "rsync",
+            "-rlptz",
+            "--out-format=%i %n",
+            "-e",
+            shlex.join(ssh_command_for(client, known_hosts)),
+            f"--rsync-path=mkdir -p {shlex.quote(remote_dir)} && rsync",
+        ]
+        if (source / SKYIGNORE).is_file():
+            command.append(f"--exclude-from={source / SKYIGNORE}")
+        else:
+            command.append(f"--filter=:- {GITIGNORE}")
+        command += [f"{source}/", f"{client.node.ssh_host}:{remote_dir}/"]
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RemoteError(
+            f"rsync of {source} to node rank {client.node.rank} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
+        )
+    sent = []
+    for line in proc.stdout.splitlines():
+        flags, _, name = line.partition(" ")
+        # `<f` = a file was transferred; directories and attribute-only updates are not sends.
+        if flags.startswith("<f"):
+            sent.append(name)
+            if on_progress:
+                on_progress(name)
+    return SyncResult("rsync", tuple(sent))
+
+
+def _sftp_sync(
+    client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None
+) -> SyncResult:
+    sftp = client.sftp
+    spec = ignore_spec(source)
+    client.exec(f"mkdir -p {shlex.quote(remote_dir)}", timeout=60)
+    made_dirs: set[str] = {""}
+    sent = []
+    for rel in iter_files(source, spec):
+        local = source / rel
+        local_stat = local.stat()
+        remote = f"{remote_dir}/{rel}"
+        parent = os.path.dirname(rel)
+        if parent not in made_dirs:
+            client.exec(f"mkdir -p {shlex.quote(remote_dir + '/' + parent)}", timeout=60)
+            made_dirs.update(_parents(parent))
+        try:
+            remote_stat = sftp.stat(remote)
+            unchanged = remote_stat.st_size == local_stat.st_size and int(remote_stat.st_mtime or 0) == int(
+                local_stat.st_mtime
+            )
+        except FileNotFoundError:
+            unchanged = False
+        if unchanged:
+            continue
+        sftp.put(str(local), remote)
+        sftp.utime(remote, (int(local_stat.st_atime), int(local_stat.st_mtime)))
+        sftp.chmod(remote, stat.S_IMODE(local_stat.st_mode))
+        sent.append(rel)
+        if on_progress:
+            on_progress(rel)
+    return SyncResult("sftp", tuple(sent))
+
+
+def _parents(rel_dir: str) -> set[str]:
+    parts = rel_dir.split("/")
+    return {"/".join(parts[: i + 1]) for i in range(len(parts))}

@@ -1,0 +1,109 @@
+"""Per-node environments of a task's setup and run scripts, with SkyPilot's SKYPILOT_* variables.
+
+Pure functions (no Airflow, no I/O), golden-tested. Order of precedence inside one node's env: the task's
+`envs`, then its `secrets` (a secret wins over an env of the same name), then the framework variables
+(SKYPILOT_*, PYTHONUNBUFFERED). SkyPilot exports user envs first and its own variables after them, so a
+task cannot override SKYPILOT_NODE_RANK & co.; we do the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from airflow_sky.task.schema import ENV_KEY_PATTERN
+from airflow_sky.task.task import Task
+
+_ENV_KEY = re.compile(ENV_KEY_PATTERN)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """What SKYPILOT_CLUSTER_INFO carries."""
+
+    cluster_name: str
+    cloud: str
+    region: str | None = None
+    zone: str | None = None
+
+
+def make_task_id(cluster_name: str, job_id: int, submitted_at: datetime) -> str:
+    """SKYPILOT_TASK_ID: `sky-<%Y-%m-%d-%H-%M-%S-%f>_<cluster>_<jobid>`, stable across a job's recoveries."""
+    return f"sky-{submitted_at:%Y-%m-%d-%H-%M-%S-%f}_{cluster_name}_{job_id}"
+
+
+def cluster_info_json(cluster: ClusterInfo) -> str:
+    """SKYPILOT_CLUSTER_INFO: JSON with cluster_name, cloud, region and zone."""
+    return json.dumps(
+        {
+            "cluster_name": cluster.cluster_name,
+            "cloud": cluster.cloud,
+            "region": cluster.region,
+            "zone": cluster.zone,
+        }
+    )
+
+
+def run_envs(
+    task: Task, node_ips: Sequence[str], cluster: ClusterInfo, task_id: str, num_gpus_per_node: int
+) -> list[dict[str, str]]:
+    """The run script's env for each node, in rank order; node_ips[0] is the head (rank 0).
+
+    `node_ips` are the internal IPs of the nodes the task runs on; their count is SKYPILOT_NUM_NODES.
+    """
+    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, setup=False)
+
+
+def setup_envs(
+    task: Task, node_ips: Sequence[str], cluster: ClusterInfo, task_id: str, num_gpus_per_node: int
+) -> list[dict[str, str]]:
+    """The setup script's env for each node, in rank order (SKYPILOT_SETUP_* names for rank, IPs, GPUs)."""
+    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, setup=True)
+
+
+def _node_envs(
+    task: Task,
+    node_ips: Sequence[str],
+    cluster: ClusterInfo,
+    task_id: str,
+    num_gpus_per_node: int,
+    *,
+    setup: bool,
+) -> list[dict[str, str]]:
+    if not node_ips:
+        raise ValueError("node_ips is empty: a task runs on at least one node")
+    if isinstance(num_gpus_per_node, bool) or not isinstance(num_gpus_per_node, int) or num_gpus_per_node < 0:
+        raise ValueError(f"num_gpus_per_node must be an integer >= 0, got {num_gpus_per_node!r}")
+    prefix = "SKYPILOT_SETUP_" if setup else "SKYPILOT_"
+    shared = {
+        f"{prefix}NODE_IPS": "\n".join(node_ips),
+        f"{prefix}NUM_GPUS_PER_NODE": str(num_gpus_per_node),
+        "SKYPILOT_NUM_NODES": str(len(node_ips)),
+        "SKYPILOT_TASK_ID": task_id,
+        "SKYPILOT_CLUSTER_INFO": cluster_info_json(cluster),
+        "PYTHONUNBUFFERED": "1",
+    }
+    user = task.envs_and_secrets
+    return [{**user, f"{prefix}NODE_RANK": str(rank), **shared} for rank in range(len(node_ips))]
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """A bash-sourceable env file: `export KEY=<shlex-quoted value>` per line.
+
+    The env travels in a file because sshd drops variables it does not AcceptEnv; quoting keeps quotes,
+    `$`, spaces, newlines and unicode intact. A NUL byte cannot live in an environment variable.
+    """
+    lines = []
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_KEY.match(key):
+            raise ValueError(f"invalid environment variable name {key!r}; names must match {ENV_KEY_PATTERN}")
+        if not isinstance(value, str):
+            raise ValueError(f"environment variable {key} must be a string, got {type(value).__name__}")
+        if "\0" in value:
+            raise ValueError(f"environment variable {key} contains a NUL byte, which bash cannot carry")
+        lines.append(f"export {key}={shlex.quote(value)}\n")
+    return "".join(lines)

@@ -1,0 +1,105 @@
+"""Launch-time env values (`--env K=V`, `--env-file F`) and `$VAR` substitution from the task's final envs.
+
+Precedence, as in SkyPilot: env-file > --env > the YAML's own `envs`/`secrets`. An override whose key is a
+secret replaces the secret; any other key lands in `envs` (adding it when the YAML does not declare it).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import string
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dotenv.parser import parse_stream
+
+from airflow_sky.errors import SpecError
+from airflow_sky.task.schema import ENV_KEY_PATTERN
+
+_ENV_KEY = re.compile(ENV_KEY_PATTERN)
+
+
+def parse_env_args(args: Iterable[str]) -> dict[str, str]:
+    """`--env KEY=VALUE` arguments -> {KEY: VALUE}; the value may be empty and may contain '='."""
+    result: dict[str, str] = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep or not _ENV_KEY.match(key):
+            raise SpecError(f"--env: must be KEY=VALUE with KEY matching {ENV_KEY_PATTERN}, got {arg!r}")
+        result[key] = value
+    return result
+
+
+def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A dotenv file -> {KEY: VALUE}, read with python-dotenv's parser (quotes, `export`, comments).
+
+    Values are taken literally: `${VAR}` inside them is not expanded from the launcher's environment.
+    """
+    label = f"--env-file {os.fspath(path)}"
+    try:
+        with open(path, encoding="utf-8") as stream:
+            text = stream.read()
+    except OSError as e:
+        raise SpecError(f"{label}: cannot read: {e.strerror or e}") from e
+    result: dict[str, str] = {}
+    for line_no, key, value in _bindings(text):
+        where = f"{label}: line {line_no}"
+        if key is None or not _ENV_KEY.match(key):
+            raise SpecError(f"{where}: expected KEY=VALUE with KEY matching {ENV_KEY_PATTERN}")
+        if value is None:
+            raise SpecError(f"{where}: {key} has no value; write {key}=VALUE")
+        result[key] = value
+    return result
+
+
+def _bindings(text: str) -> list[tuple[int, str | None, str | None]]:
+    """(line number, key, value) per assignment, parsed by python-dotenv; key None marks an unparsable line."""
+    found: list[tuple[int, str | None, str | None]] = []
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error or binding.key is not None:
+            found.append((binding.original.line, None if binding.error else binding.key, binding.value))
+    return found
+
+
+def merge_overrides(
+    env_overrides: Mapping[str, str] | None, env_file_values: Mapping[str, str] | None
+) -> dict[str, str]:
+    """One mapping in precedence order: env-file values beat `--env` values."""
+    return {**(env_overrides or {}), **(env_file_values or {})}
+
+
+def apply_overrides(
+    envs: Mapping[str, Any], secrets: Mapping[str, Any], overrides: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(envs, secrets) with launch-time values applied; a key already in `secrets` stays a secret."""
+    new_envs, new_secrets = dict(envs), dict(secrets)
+    for key, value in overrides.items():
+        if not _ENV_KEY.match(key):
+            raise SpecError(f"--env: invalid name {key!r}; names must match {ENV_KEY_PATTERN}")
+        (new_secrets if key in new_secrets else new_envs)[key] = value
+    return new_envs, new_secrets
+
+
+def substitute(value: Any, mapping: Mapping[str, str]) -> Any:
+    """Replace $VAR / ${VAR} in every string (mapping keys too) with string.Template; unknown names stay."""
+    if isinstance(value, str):
+        return string.Template(value).safe_substitute(mapping)
+    if isinstance(value, dict):
+        return {substitute(k, mapping): substitute(v, mapping) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(item, mapping) for item in value]
+    return value
+
+
+def protect(value: Any, mapping: Mapping[str, str]) -> Any:
+    """Inverse for output: escape '$' as '$$' where substituting again would change a string, so a
+    serialized task reads back to the same values."""
+    if isinstance(value, str):
+        return value.replace("$", "$$") if substitute(value, mapping) != value else value
+    if isinstance(value, dict):
+        return {protect(k, mapping): protect(v, mapping) for k, v in value.items()}
+    if isinstance(value, list):
+        return [protect(item, mapping) for item in value]
+    return value

@@ -1,0 +1,55 @@
+"""Shell scripts as Airflow templates: `{{ ds }}` renders, shell syntax that looks like Jinja does not.
+
+In a DAG, a task's setup, run, envs and secrets are Jinja templates (`{{ ds }}`, `{{ params.lr }}`). Two
+things keep that from breaking ordinary scripts:
+
+- `${#ARR[@]}` and `${#VAR}` (bash lengths) contain `{#`, which Jinja reads as the start of a comment: the
+  template would fail to render, or swallow the script up to the next `#}`. They are escaped before
+  rendering (protect_shell_syntax).
+- A task run from the CLI (`airflow-sky launch task.yaml`) is a SkyPilot task, not a template: a
+  `docker ps --format '{{.Names}}'` in it must reach the node as written. The CLI marks every templated
+  field literal (keep_literal).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_sky.task import Task
+
+_SHELL_LENGTH = "${#"
+_SHELL_LENGTH_AS_JINJA = "${{ '{#' }}"  # renders back to `${#`
+_RAW_OPEN, _RAW_CLOSE = "{% raw %}", "{% endraw %}"
+_JINJA_MARKERS = ("{{", "{%", "{#")
+
+
+def protect_shell_syntax(script: str | None) -> str | None:
+    """The script with shell syntax that Jinja would misread escaped, so rendering leaves it as written."""
+    if script is None or _SHELL_LENGTH not in script or _is_literal(script):
+        return script
+    return script.replace(_SHELL_LENGTH, _SHELL_LENGTH_AS_JINJA)
+
+
+def as_literal(text: str | None) -> str | None:
+    """`text` wrapped so that Jinja renders it to itself (unchanged when it has nothing Jinja would read)."""
+    if text is None or not any(marker in text for marker in _JINJA_MARKERS) or _is_literal(text):
+        return text
+    if "endraw" in text:
+        # A raw block cannot hold its own end tag: print the text from an expression instead.
+        return "{{ " + repr(text) + " }}"
+    return _RAW_OPEN + text + _RAW_CLOSE
+
+
+def keep_literal(task: Task) -> Task:
+    """Make every templated field of `task` render to itself (the CLI runs SkyPilot tasks, not templates)."""
+    task.setup = as_literal(task.setup)
+    task.run = as_literal(task.run)
+    for values in (task.envs, task.secrets):
+        for key, value in values.items():
+            values[key] = as_literal(value) or ""
+    return task
+
+
+def _is_literal(text: str) -> bool:
+    return text.startswith(_RAW_OPEN) and text.endswith(_RAW_CLOSE)

@@ -1,0 +1,83 @@
+"""The contract every Cloud implementation passes. A driver's test module subclasses CloudContract.
+
+Subclasses provide `cloud` (a fixture returning the driver) and `leftovers(cluster)` (what of the cluster
+still exists outside the driver's own view: processes, instances), and may provide `failing_cloud`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from airflow_sky.errors import ClusterError
+from airflow_sky.infra.base import Cloud, NodeStatus, ProvisionRequest
+from airflow_sky.node.client import NodeClient
+
+
+class CloudContract:
+    @pytest.fixture
+    def cloud(self) -> Cloud:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def failing_cloud(self) -> Cloud | None:
+        """A driver configured so that provisioning fails midway, or None if the driver cannot simulate it."""
+        return None
+
+    def leftovers(self, cluster_name: str) -> list[object]:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def cluster(self, cloud: Cloud) -> Iterator[str]:
+        name = f"contract-{uuid.uuid4().hex[:8]}"
+        yield name
+        cloud.terminate(name)
+
+    def test_provision_returns_running_nodes_ranked_head_first(self, cloud: Cloud, cluster: str) -> None:
+        nodes = cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
+        assert [n.rank for n in nodes] == [0, 1]
+        assert all(n.status is NodeStatus.RUNNING for n in nodes)
+        assert len({n.internal_ip for n in nodes}) == 2
+        assert all(n.host_key for n in nodes), "host keys must be learned at provision time to pin them"
+
+    def test_nodes_are_reachable_over_ssh_with_the_cluster_key(self, cloud: Cloud, cluster: str) -> None:
+        nodes = cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
+        for node in nodes:
+            with NodeClient(node, cloud.ssh_private_key(cluster)) as client:
+                assert client.exec("echo ok") == (0, b"ok\n", b"")
+
+    def test_provision_is_idempotent(self, cloud: Cloud, cluster: str) -> None:
+        first = cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
+        second = cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
+        assert [n.instance_id for n in second] == [n.instance_id for n in first]
+
+    def test_nodes_reads_the_cluster_back_without_side_effects(self, cloud: Cloud, cluster: str) -> None:
+        provisioned = cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
+        assert cloud.nodes(cluster) == provisioned
+        assert cloud.nodes(cluster) == provisioned
+
+    def test_replace_keeps_the_rank_on_a_new_node(self, cloud: Cloud, cluster: str) -> None:
+        old = cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
+        new = cloud.replace(cluster, 1)
+        assert new.rank == 1 and new.status is NodeStatus.RUNNING
+        assert new.instance_id != old[1].instance_id
+        assert [n.instance_id for n in cloud.nodes(cluster)] == [old[0].instance_id, new.instance_id]
+
+    def test_terminate_leaves_nothing(self, cloud: Cloud, cluster: str) -> None:
+        cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
+        cloud.terminate(cluster)
+        assert cloud.nodes(cluster) == []
+        assert self.leftovers(cluster) == []
+
+    def test_terminate_of_an_unknown_cluster_is_a_no_op(self, cloud: Cloud) -> None:
+        cloud.terminate(f"never-existed-{uuid.uuid4().hex[:6]}")
+
+    def test_failed_provision_cleans_up_after_itself(self, failing_cloud: Cloud | None, cluster: str) -> None:
+        if failing_cloud is None:
+            return  # this driver cannot inject a mid-provision failure; covered by its own tests
+        with pytest.raises(ClusterError):
+            failing_cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=3))
+        assert failing_cloud.nodes(cluster) == []
+        assert self.leftovers(cluster) == []
