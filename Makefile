@@ -16,6 +16,7 @@ demo: bootstrap
 test: bootstrap lint typecheck unit
 
 lint:
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/ruff check airflow_sky tests dags examples bench
 	$(BIN)/ruff format --check airflow_sky tests dags examples bench
 

@@ -22,7 +22,6 @@ from airflow_sky.client import events
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle, Phase, sanitize_cluster_name
 from airflow_sky.infra.home import sky_home
-from airflow_sky.infra.registry import open_cluster
 from airflow_sky.task import Task
 from airflow_sky.task.redaction import redactor
 from airflow_sky.task.templating import keep_literal
@@ -168,6 +167,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     """Run the job to its end in this process; `listener` receives progress events as they happen."""
     home = prepare_airflow()
     from airflow_sky.client.live import NodeLogs, task_events
+    from airflow_sky.infra.registry import open_cluster
 
     cluster_name = sanitize_cluster_name(options.cluster_name)
     options = dataclasses.replace(options, cluster_name=cluster_name)

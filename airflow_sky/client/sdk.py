@@ -10,18 +10,19 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_sky.client import ssh_config
 from airflow_sky.client.engine import JobOutcome, LaunchOptions
 from airflow_sky.client.events import Event
 from airflow_sky.errors import ClusterError
-from airflow_sky.gang.cluster_jobs import ClusterJobs
 from airflow_sky.gang.job import JobHandle, JobStatus, sanitize_cluster_name
-from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.home import sky_home
-from airflow_sky.infra.registry import open_cluster
 from airflow_sky.task import Task
+
+if TYPE_CHECKING:  # these load Airflow, which engine.prepare_airflow must configure first
+    from airflow_sky.gang.cluster_jobs import ClusterJobs
+    from airflow_sky.infra.cluster import Cluster
 
 __all__ = ["cancel", "down", "exec", "job_status", "launch", "queue", "status", "tail_logs"]
 
@@ -58,10 +59,14 @@ def infra_of(cluster_name: str, infra: str | None = None) -> str:
 
 def cluster_of(cluster_name: str, infra: str | None = None) -> Cluster:
     """The cluster `cluster_name` on the infra it was launched on (or `infra`)."""
+    from airflow_sky.infra.registry import open_cluster
+
     return open_cluster(cluster_name, infra_of(cluster_name, infra))
 
 
 def _jobs(cluster_name: str, infra: str | None = None) -> ClusterJobs:
+    from airflow_sky.gang.cluster_jobs import ClusterJobs
+
     return ClusterJobs(cluster_of(cluster_name, infra))
 
 

@@ -135,12 +135,21 @@ def known_hosts_line(client: NodeClient) -> str:
     return line + "\n"
 
 
+def files_to_send(source: Path) -> list[str]:
+    """The one file list both transports send: every file under `source` that the ignore rules keep."""
+    return list(iter_files(source, ignore_spec(source)))
+
+
 def _rsync(
     client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None
 ) -> SyncResult:
     with tempfile.TemporaryDirectory(prefix="airflow-sky-sync-") as tmp:
         known_hosts = Path(tmp) / "known_hosts"
         known_hosts.write_text(known_hosts_line(client))
+        # rsync is handed our file list (NUL-separated: names may hold newlines) instead of its own filter
+        # rules, so it sends exactly what the SFTP path would.
+        file_list = Path(tmp) / "files"
+        file_list.write_bytes(b"".join(os.fsencode(rel) + b"\0" for rel in files_to_send(source)))
         command = [
             "rsync",
             "-rlptz",
@@ -148,12 +157,11 @@ def _rsync(
             "-e",
             shlex.join(ssh_command_for(client, known_hosts)),
             f"--rsync-path=mkdir -p {shlex.quote(remote_dir)} && rsync",
+            "--from0",
+            f"--files-from={file_list}",
+            f"{source}/",
+            f"{client.node.ssh_host}:{remote_dir}/",
         ]
-        if (source / SKYIGNORE).is_file():
-            command.append(f"--exclude-from={source / SKYIGNORE}")
-        else:
-            command.append(f"--filter=:- {GITIGNORE}")
-        command += [f"{source}/", f"{client.node.ssh_host}:{remote_dir}/"]
         proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RemoteError(
@@ -174,11 +182,10 @@ def _sftp_sync(
     client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None
 ) -> SyncResult:
     sftp = client.sftp
-    spec = ignore_spec(source)
     client.exec(f"mkdir -p {shlex.quote(remote_dir)}", timeout=60)
     made_dirs: set[str] = {""}
     sent = []
-    for rel in iter_files(source, spec):
+    for rel in files_to_send(source):
         local = source / rel
         local_stat = local.stat()
         remote = f"{remote_dir}/{rel}"

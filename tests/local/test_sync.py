@@ -63,3 +63,24 @@ def test_gitignore_rules_apply_without_skyignore(tmp_path):
     (tmp_path / ".gitignore").write_text("*.log\nbuild/\n")
     files = list(iter_files(tmp_path, ignore_spec(tmp_path)))
     assert files == [".gitignore", "a.py", "sub/.gitignore", "sub/ok.txt"]
+
+
+def test_rsync_and_sftp_send_the_same_files_for_nested_ignore_rules(local_cluster, tmp_path):
+    _, nodes, key = local_cluster(1)
+    source = tmp_path / "src"
+    (source / "sub" / "deep").mkdir(parents=True)
+    (source / "build").mkdir()
+    for rel in ("a.py", "out.log", "build/x.o", "sub/secret.txt", "sub/ok.txt", "sub/deep/secret.txt"):
+        (source / rel).write_text("x")
+    (source / "sub" / "deep" / "keep me.txt").write_text("x")  # spaces survive the file list
+    (source / ".gitignore").write_text("*.log\nbuild/\n")
+    (source / "sub" / ".gitignore").write_text("secret.txt\n!deep/\n")
+    landed = {}
+    with NodeClient(nodes[0], key) as client:
+        for method in ("rsync", "sftp"):
+            sync_dir(client, source, f"~/{method}", method=method)
+            out = client.exec(f"cd {method} && find . -type f | sort")[1].decode()
+            landed[method] = out.splitlines()
+    assert landed["rsync"] == landed["sftp"]
+    assert "./sub/ok.txt" in landed["rsync"] and "./sub/deep/keep me.txt" in landed["rsync"]
+    assert not any(name.endswith(("secret.txt", ".log", ".o")) for name in landed["rsync"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Any
 
 from airflow_sky.task import SpecWarning, Task, parse_env_args
 
@@ -42,8 +41,3 @@ def load_task(args: argparse.Namespace) -> Task:
                 warning.line,
             )
     return task
-
-
-def add_subparser(subparsers: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(name, **kwargs)
-    return parser
