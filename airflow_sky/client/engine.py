@@ -198,6 +198,8 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
                     )
                 )
                 node_logs[0].start()
+            if event.kind == "task_started" and event.step in ("setup_start", "run_start") and node_logs:
+                node_logs[0].activate("setup" if event.step == "setup_start" else "run")
 
     try:
         with _output_to(log_file), task_events(sink):

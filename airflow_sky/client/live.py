@@ -25,8 +25,9 @@ from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.log_tail import LogTail
 
-_IDLE_POLL_S = 0.3
-_START_CHECK_S = 1.0  # how often a phase that has not started on a rank is looked for there
+_POLL_S = 0.3  # between passes while logs grow ...
+_MAX_IDLE_POLL_S = 2.0  # ... backing off to this while every log is quiet
+_GENERATION_CHECK_S = 2.0  # how often a rank whose log ended is asked for a newer generation (a recovery)
 _RECONNECT_S = 2.0
 
 
@@ -100,7 +101,7 @@ class _RankLog:
         if self.tail is None or self.tail.ended:
             if now < self.next_check:
                 return False
-            self.next_check = now + _START_CHECK_S
+            self.next_check = now + _GENERATION_CHECK_S
             generation = jobs.current_generation(client, self.job_id)
             if generation is None or (self.tail is not None and generation <= self.tail.generation):
                 return False
@@ -110,7 +111,11 @@ class _RankLog:
 
 
 class NodeLogs:
-    """Streams every rank's setup and run log to `sink` (redacted), from one thread, until stop()."""
+    """Streams every rank's setup and run log to `sink` (redacted), from one thread, until stop().
+
+    A phase's logs are read once `activate(phase)` says its start tasks run (the engine calls it on their
+    `task_started` event), so nothing polls a node for a phase that has not begun.
+    """
 
     def __init__(
         self,
@@ -129,6 +134,7 @@ class NodeLogs:
             for phase in phases
             for node in handle.phase_nodes(phase)
         ]
+        self._active: set[Phase] = set()
         self._nodes = {n.rank: n for n in handle.nodes}
         self._clients: dict[int, NodeClient] = {}
         self._down_until: dict[int, float] = {}
@@ -142,6 +148,10 @@ class NodeLogs:
     def start(self) -> None:
         self._thread.start()
 
+    def activate(self, phase: Phase) -> None:
+        """Begin reading `phase`'s logs (its scripts are being started)."""
+        self._active.add(phase)
+
     def stop(self) -> None:
         """Stop after one last pass that reads every log to its current end."""
         self._stop.set()
@@ -150,10 +160,13 @@ class NodeLogs:
             client.close()
 
     def _run(self) -> None:
+        idle = _POLL_S
         while not self._stop.is_set():
-            busy = self._pass()
-            if not busy:
-                self._stop.wait(_IDLE_POLL_S)
+            if self._pass():
+                idle = _POLL_S
+                continue
+            self._stop.wait(idle)
+            idle = min(idle * 1.5, _MAX_IDLE_POLL_S)
         for _ in range(100):  # the final drain: whatever the last poll left behind
             if not self._pass(final=True):
                 break
@@ -164,6 +177,8 @@ class NodeLogs:
     def _pass(self, final: bool = False) -> bool:
         busy = False
         for log in self._logs:
+            if log.phase not in self._active:
+                continue
             client = self._client(log.rank)
             if client is None:
                 continue

@@ -15,6 +15,10 @@ def test_cli_and_sdk_modules_do_not_import_airflow_before_the_engine_configures_
         "print(loaded[:5]); sys.exit(bool(loaded))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr

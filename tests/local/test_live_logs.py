@@ -44,6 +44,7 @@ def test_engine_view_streams_rank_0_live_while_rank_1_is_followed_and_shows_each
 
     view = NodeLogs(open_cluster(name, "local"), handle, listener, redact=lambda line: line, phases=("run",))
     view.start()
+    view.activate("run")
     try:
         for rank, client in clients.items():
             env = {"SKYPILOT_NODE_RANK": str(rank), "RELEASE": str(release)}
