@@ -24,7 +24,7 @@ typecheck:
 	$(BIN)/mypy
 
 unit:
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=15 tests
 
 bench: bootstrap
 	$(BIN)/python bench/run_all.py

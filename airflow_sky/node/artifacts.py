@@ -1,8 +1,8 @@
 """Artifacts: files a job leaves on its nodes, streamed to a local directory, S3 or GCS by the collect task.
 
-Destinations: a local directory (`/data/runs/1` or `file:///data/runs/1`), `s3://bucket/prefix/` (through
-the amazon provider's S3Hook) or `gs://bucket/prefix/` (through the google provider's GCSHook). Files are
-streamed from the node's SFTP channel; nothing is read whole into memory.
+Destinations: a local directory (`/data/runs/1` or `file:///data/runs/1`), `s3://bucket/prefix/` or
+`gs://bucket/prefix/`, all through Airflow's ObjectStoragePath (node.storage). Files are streamed from the
+node's SFTP channel into the store; nothing is read whole into memory.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import posixpath
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
-from airflow_sky.errors import JobFailed, SkyError, SpecError
+from airflow_sky.errors import JobFailed, SpecError
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import remote_path
 from airflow_sky.node.record import Node
+from airflow_sky.node.storage import SCHEMES, storage_path
 
 _CHUNK = 1024 * 1024
 
@@ -36,43 +36,19 @@ def destination_uri(base: str, artifact: str, rank: int | None) -> str:
 
 def validate_destination(base: str) -> None:
     scheme = urlparse(base).scheme
-    if scheme not in ("", "file", "s3", "gs"):
+    if scheme not in ("", *SCHEMES):
         raise SpecError(
             f"artifacts_to: unsupported destination {base!r}; use a local directory, s3://... or gs://..."
         )
 
 
 def upload_stream(stream: IO[bytes], uri: str, aws_conn_id: str | None, gcp_conn_id: str | None) -> None:
-    """Copy a readable binary stream to `uri` without holding it in memory."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("", "file"):
-        target = Path(parsed.path if parsed.scheme else uri).expanduser()
+    """Copy a readable binary stream to `uri` (a local path, file://, s3:// or gs://) without holding it in memory."""
+    target = storage_path(uri, aws_conn_id, gcp_conn_id, field="artifacts_to")
+    if target.protocol == "file":
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "wb") as out:
-            shutil.copyfileobj(stream, out, _CHUNK)
-    elif parsed.scheme == "s3":
-        try:
-            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-        except ImportError as e:
-            raise SkyError(
-                "artifacts_to s3:// needs the amazon provider: pip install 'airflow-sky[aws]'"
-            ) from e
-        S3Hook(aws_conn_id=aws_conn_id or "aws_default").load_file_obj(
-            stream, key=parsed.path.lstrip("/"), bucket_name=parsed.netloc, replace=True
-        )
-    elif parsed.scheme == "gs":
-        try:
-            from airflow.providers.google.cloud.hooks.gcs import GCSHook
-        except ImportError as e:
-            raise SkyError(
-                "artifacts_to gs:// needs the google provider: pip install 'airflow-sky[gcp]'"
-            ) from e
-        client = GCSHook(gcp_conn_id=gcp_conn_id or "google_cloud_default").get_conn()
-        # A chunk size makes it a resumable upload sent chunk by chunk (else the client reads it all first).
-        blob = client.bucket(parsed.netloc).blob(parsed.path.lstrip("/"), chunk_size=8 * _CHUNK)
-        blob.upload_from_file(stream)
-    else:
-        validate_destination(uri)
+    with target.open("wb") as out:
+        shutil.copyfileobj(stream, out, _CHUNK)
 
 
 def upload_artifacts(

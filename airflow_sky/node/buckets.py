@@ -1,4 +1,4 @@
-"""Bucket file_mounts (`s3://`, `gs://`): objects copied onto a node through the providers' hooks.
+"""Bucket file_mounts (`s3://`, `gs://`): objects copied onto a node, read through Airflow's ObjectStoragePath.
 
 SkyPilot mounts buckets on the nodes; airflow-sky copies them (MOUNT is accepted and copied, as documented)
 before setup runs: the worker lists the objects and streams each one to the node over SFTP.
@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import remote_path
+from airflow_sky.node.storage import storage_path
 from airflow_sky.task import StorageMount
 
 _CHUNK = 1024 * 1024
@@ -45,46 +46,20 @@ def _objects(
     uri: str, aws_conn_id: str | None, gcp_conn_id: str | None
 ) -> Iterator[tuple[str, Callable[[], IO[bytes]]]]:
     """(path relative to the URI, opener of a streaming body) for every object under the URI."""
-    parsed = urlparse(uri)
-    bucket, prefix = parsed.netloc, parsed.path.lstrip("/")
-    if parsed.scheme == "s3":
-        try:
-            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
-        except ImportError as e:
-            raise SkyError(
-                "s3:// file_mounts need the amazon provider: pip install 'airflow-sky[aws]'"
-            ) from e
-        s3 = S3Hook(aws_conn_id=aws_conn_id or "aws_default")
-        keys = s3.list_keys(bucket_name=bucket, prefix=prefix) or []
-        for key in keys:
-            if key.endswith("/"):
-                continue
-            yield _relative(key, prefix), functools.partial(_s3_body, s3, bucket, key)
-    elif parsed.scheme == "gs":
-        try:
-            from airflow.providers.google.cloud.hooks.gcs import GCSHook
-        except ImportError as e:
-            raise SkyError(
-                "gs:// file_mounts need the google provider: pip install 'airflow-sky[gcp]'"
-            ) from e
-        client: Any = GCSHook(gcp_conn_id=gcp_conn_id or "google_cloud_default").get_conn()
-        for blob in client.list_blobs(bucket, prefix=prefix or None):
-            if blob.name.endswith("/"):
-                continue
-            yield _relative(blob.name, prefix), functools.partial(blob.open, "rb")
-    else:
-        raise SpecError(f"file_mounts: {uri!r}: only s3:// and gs:// buckets are supported")
+    base = storage_path(uri, aws_conn_id, gcp_conn_id, field="file_mounts")
+    prefix = base.path.rstrip("/")
+    for key in sorted(base.fs.find(base.path)):
+        if key.endswith("/"):
+            continue  # a "folder" marker object
+        relative = key[len(prefix) :].lstrip(
+            "/"
+        )  # "" when the URI names one object: it lands at the destination
+        yield relative, functools.partial(_open, base / relative if relative else base)
 
 
-def _s3_body(s3: Any, bucket: str, key: str) -> IO[bytes]:
-    body: IO[bytes] = s3.get_key(key, bucket).get()["Body"]
-    return body
-
-
-def _relative(key: str, prefix: str) -> str:
-    if key == prefix:  # the URI names one object: it lands at the destination itself
-        return ""
-    return key[len(prefix) :].lstrip("/") if prefix else key
+def _open(path: Any) -> IO[bytes]:
+    stream: IO[bytes] = path.open("rb")
+    return stream
 
 
 def copy_bucket(

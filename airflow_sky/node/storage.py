@@ -1,0 +1,40 @@
+"""Object stores through Airflow's ObjectStoragePath: one path API for s3://, gs://, file:// and local paths.
+
+The store's filesystem comes from the provider that owns the scheme (amazon: s3fs with the `aws_conn_id`
+connection; google: gcsfs with the `gcp_conn_id` connection), so credentials, endpoints and emulators are
+configured the way Airflow configures them everywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+from airflow.sdk import ObjectStoragePath
+
+from airflow_sky.errors import SkyError, SpecError
+
+SCHEMES = ("s3", "gs", "file")
+_DEFAULT_CONN = {"s3": "aws_default", "gs": "google_cloud_default"}
+_EXTRA = {"s3": "aws", "gs": "gcp"}
+
+
+def storage_path(
+    uri: str, aws_conn_id: str | None = None, gcp_conn_id: str | None = None, field: str = "uri"
+) -> ObjectStoragePath:
+    """The ObjectStoragePath of `uri` (a plain path is a local file); `field` names the setting in errors."""
+    scheme = urlparse(uri).scheme
+    if scheme == "":
+        return ObjectStoragePath("file://" + os.path.abspath(os.path.expanduser(uri)))
+    if scheme not in SCHEMES:
+        raise SpecError(f"{field}: unsupported store {uri!r}; use a local path, file://, s3:// or gs://")
+    conn_id = {"s3": aws_conn_id, "gs": gcp_conn_id}.get(scheme) or _DEFAULT_CONN.get(scheme)
+    path = ObjectStoragePath(uri, conn_id=conn_id)
+    try:
+        path.fs  # noqa: B018  # builds the store's filesystem now: a missing provider is a clear error here
+    except ImportError as e:
+        extra = _EXTRA.get(scheme, "")
+        raise SkyError(
+            f"{field}: {scheme}:// needs the provider's filesystem: pip install 'airflow-sky[{extra}]' ({e})"
+        ) from e
+    return path
