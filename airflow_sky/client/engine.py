@@ -200,6 +200,9 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
                 node_logs[0].start()
             if event.kind == "task_started" and event.step in ("setup_start", "run_start") and node_logs:
                 node_logs[0].activate("setup" if event.step == "setup_start" else "run")
+        # Outside the lock: the node-log thread may be waiting for it while it holds the logs.
+        if event.kind == "task_started" and event.step == "teardown" and node_logs:
+            node_logs[0].drain()  # the nodes, and their logs, are about to go
 
     try:
         with _output_to(log_file), task_events(sink):

@@ -26,7 +26,7 @@ from airflow_sky.node.client import NodeClient
 from airflow_sky.node.log_tail import LogTail
 
 _POLL_S = 0.3  # between passes while logs grow ...
-_MAX_IDLE_POLL_S = 2.0  # ... backing off to this while every log is quiet
+_MAX_IDLE_POLL_S = 1.0  # ... backing off to this while every log is quiet
 _GENERATION_CHECK_S = 2.0  # how often a rank whose log ended is asked for a newer generation (a recovery)
 _RECONNECT_S = 2.0
 
@@ -139,6 +139,7 @@ class NodeLogs:
         self._clients: dict[int, NodeClient] = {}
         self._down_until: dict[int, float] = {}
         self._stop = threading.Event()
+        self._polling = threading.Lock()  # one reader of the logs at a time: the thread, or a drain
         self._thread = threading.Thread(target=self._run, name="airflow-sky-node-logs", daemon=True)
 
     def _emitter(self, phase: Phase, rank: int) -> Callable[[str], None]:
@@ -151,6 +152,15 @@ class NodeLogs:
     def activate(self, phase: Phase) -> None:
         """Begin reading `phase`'s logs (its scripts are being started)."""
         self._active.add(phase)
+
+    def drain(self) -> None:
+        """Read every active log to its current end now, from the caller's thread.
+
+        The engine calls it before the teardown task runs: once the nodes are gone, so are their logs.
+        """
+        for _ in range(100):
+            if not self._pass(final=True):
+                break
 
     def stop(self) -> None:
         """Stop after one last pass that reads every log to its current end."""
@@ -167,14 +177,16 @@ class NodeLogs:
                 continue
             self._stop.wait(idle)
             idle = min(idle * 1.5, _MAX_IDLE_POLL_S)
-        for _ in range(100):  # the final drain: whatever the last poll left behind
-            if not self._pass(final=True):
-                break
+        self.drain()  # whatever the last poll left behind
         for log in self._logs:
             if log.tail is not None:
                 log.tail.flush()
 
     def _pass(self, final: bool = False) -> bool:
+        with self._polling:
+            return self._read_all(final)
+
+    def _read_all(self, final: bool) -> bool:
         busy = False
         for log in self._logs:
             if log.phase not in self._active:

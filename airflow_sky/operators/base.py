@@ -46,16 +46,6 @@ class SkyBaseOperator(BaseOperator):
         self.cluster = cluster
         self.conn_id = conn_id
 
-    @property
-    def step(self) -> str:
-        """The task's name inside its group (`run_follow`), as progress events report it."""
-        return self.task_id.rsplit(".", 1)[-1]
-
-    @property
-    def rank(self) -> int | None:
-        node = getattr(self, "node", None)
-        return int(node["rank"]) if isinstance(node, dict) and "rank" in node else None
-
     def handle(self) -> JobHandle:
         return JobHandle.from_dict(self.cluster)
 
