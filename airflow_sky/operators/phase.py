@@ -7,6 +7,7 @@ has not started.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -147,7 +148,12 @@ class SkyFollowOperator(_PhaseOperator):
                     emit=self._log,
                     setup=self.phase == "setup",
                     failed_status=self.failed_status.value,
-                    on_failure=functools.partial(self._record_failure, cluster, handle),
+                    # The queue lives on the current head: a recovery may have replaced the provisioned one.
+                    on_failure=functools.partial(
+                        self._record_failure,
+                        cluster,
+                        dataclasses.replace(handle, nodes=current_nodes(handle, state)),
+                    ),
                     triage=self._triage(context, cluster, handle, state, nodes)
                     if self.phase == "run"
                     else None,
