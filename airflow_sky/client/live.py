@@ -27,7 +27,8 @@ from airflow_sky.node.log_tail import LogTail
 
 _POLL_S = 0.3  # between passes while logs grow ...
 _MAX_IDLE_POLL_S = 1.0  # ... backing off to this while every log is quiet
-_GENERATION_CHECK_S = 2.0  # how often a rank whose log ended is asked for a newer generation (a recovery)
+_START_CHECK_S = 1.0  # how often a rank is asked whether its phase has started there
+_GENERATION_CHECK_S = 5.0  # how often a rank whose run ended is asked for a newer generation (a recovery)
 _RECONNECT_S = 2.0
 
 
@@ -94,17 +95,27 @@ class _RankLog:
         self.emit = emit
         self.tail: LogTail | None = None
         self.next_check = 0.0
+        self.new_generation = False  # set by a poll that moved on to a newer generation
 
     def poll(self, client: NodeClient) -> bool:
-        """Read what is new; return whether more is waiting right now."""
+        """Read what is new; return whether more is waiting right now.
+
+        An ended setup log is looked at again only when asked (`next_check = 0`): setup runs again only on
+        a node that replaced a lost one, and only after the run moved to a new generation.
+        """
         now = time.monotonic()
+        self.new_generation = False
         if self.tail is None or self.tail.ended:
             if now < self.next_check:
                 return False
-            self.next_check = now + _GENERATION_CHECK_S
+            if self.tail is None:
+                self.next_check = now + _START_CHECK_S
+            else:
+                self.next_check = now + _GENERATION_CHECK_S if self.phase == "run" else float("inf")
             generation = jobs.current_generation(client, self.job_id)
             if generation is None or (self.tail is not None and generation <= self.tail.generation):
                 return False
+            self.new_generation = self.tail is not None
             self.tail = LogTail(client, self.job_id, generation, self.phase == "setup", self.emit, keep=0)
         self.tail.client = client  # a replaced node answers on a new connection
         return not self.tail.poll().caught_up
@@ -200,6 +211,12 @@ class NodeLogs:
                 busy = log.poll(client) or busy
             except RemoteError:
                 self._lost(log.rank)
+                continue
+            if log.new_generation and log.phase == "run":
+                # A relaunch: replacement nodes run setup again before the run restarts on them.
+                for other in self._logs:
+                    if other.phase == "setup":
+                        other.next_check = 0.0
         return busy
 
     def _client(self, rank: int) -> NodeClient | None:
