@@ -17,6 +17,7 @@ from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
+from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import Task, envs
 
@@ -90,6 +91,11 @@ def set_status(cluster: Cluster, handle: JobHandle, status: JobStatus, **fields:
         queue.update_record(head, handle.job_id, status=status, **fields)
 
 
+def record_failure(head: NodeClient, handle: JobHandle, status: JobStatus, rank: int, exit_code: int) -> None:
+    """Record in the queue (on the open connection `head`) which rank failed the job, and how."""
+    queue.update_record(head, handle.job_id, status=status, failed_rank=rank, failed_exit_code=exit_code)
+
+
 def check_run_nodes(cluster: Cluster, handle: JobHandle) -> None:
     """The run's nodes are the ones provisioned for the job (none vanished or was replaced meanwhile)."""
     current = {n.rank: n for n in cluster.nodes()}
@@ -132,11 +138,11 @@ def kill_rank(cluster: Cluster, job_id: str, node: Node, generation: int) -> Non
         jobs.kill_job(client, job_id, generation, sig=signal.SIGTERM, grace_s=5.0)
 
 
-def read_result(cluster: Cluster, handle: JobHandle, node: Node) -> Any:
-    """The JSON `node`'s run wrote to $AIRFLOW_SKY_XCOM_DIR/return.json, or None when it wrote none."""
+def read_result(client: NodeClient, handle: JobHandle) -> Any:
+    """The JSON the run on `client`'s node wrote to $AIRFLOW_SKY_XCOM_DIR/return.json, or None."""
+    node = client.node
     job_id = handle.remote_job_id("run")
-    with cluster.client(node) as client:
-        raw = jobs.read_xcom(client, job_id)
+    raw = jobs.read_xcom(client, job_id)
     if raw is None:
         return None
     try:

@@ -7,7 +7,6 @@ has not started.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from airflow.sdk import conf
 from airflow_sky.errors import JobFailed
 from airflow_sky.gang.follow import GangFollower, Relaunch
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
-from airflow_sky.gang.phases import kill_rank, read_result, set_status, start_rank
+from airflow_sky.gang.phases import kill_rank, read_result, record_failure, start_rank
 from airflow_sky.gang.recovery import (
     DEFAULT_MAX_RECOVERIES,
     RECOVERY_XCOM_KEY,
@@ -148,11 +147,9 @@ class SkyFollowOperator(_PhaseOperator):
                     emit=self._log,
                     setup=self.phase == "setup",
                     failed_status=self.failed_status.value,
-                    # The queue lives on the current head: a recovery may have replaced the provisioned one.
+                    # The queue lives on the current head: a recovery may have replaced the first one.
                     on_failure=functools.partial(
-                        self._record_failure,
-                        cluster,
-                        dataclasses.replace(handle, nodes=current_nodes(handle, state)),
+                        record_failure, clients[nodes[0].rank], handle, self.failed_status
                     ),
                     triage=self._triage(context, cluster, handle, state, nodes)
                     if self.phase == "run"
@@ -169,11 +166,9 @@ class SkyFollowOperator(_PhaseOperator):
                 except JobFailed as e:
                     self.log.error("%s: %s", e.status, e)
                     raise
-            if result.running:
-                self._defer(handle, nodes, state, result.offset)
-            if self.phase == "run":
-                return read_result(cluster, handle, next(n for n in nodes if n.rank == rank))
-            return None
+                if result.running:
+                    self._defer(handle, nodes, state, result.offset)
+                return read_result(clients[rank], handle) if self.phase == "run" else None
 
     def _defer(self, handle: JobHandle, nodes: list[Any], state: RecoveryState, offset: int) -> None:
         self.log.info("Rank %s is running: waiting in the triggerer (no worker slot held)", self.node["rank"])
@@ -257,6 +252,3 @@ class SkyFollowOperator(_PhaseOperator):
     def _log(self, line: str) -> None:
         """Into this task's log: its own node's lines and its own messages."""
         self.log.info("%s", self._redact(line))
-
-    def _record_failure(self, cluster: Cluster, handle: JobHandle, rank: int, code: int) -> None:
-        set_status(cluster, handle, self.failed_status, failed_rank=rank, failed_exit_code=code)
