@@ -29,11 +29,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.airflow-sky-installed"
+# s3:// through ObjectStoragePath needs s3fs. It is a step of its own: in one resolve with [dev,aws,gcp],
+# its exact botocore pin (through aiobotocore) sends pip backtracking for more than 15 minutes.
+S3FS="apache-airflow-providers-amazon[s3fs]"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing airflow-sky[dev,aws,gcp] and torch (CPU) into $VENV (a few minutes on first run)"
   if ! { "$VENV/bin/pip" install -q --upgrade pip \
         && "$VENV/bin/pip" install -q "torch==2.13.0" \
-        && "$VENV/bin/pip" install -q -e ".[dev,aws,gcp]"; } >"$log" 2>&1; then
+        && "$VENV/bin/pip" install -q -e ".[dev,aws,gcp]" \
+        && "$VENV/bin/pip" install -q "$S3FS"; } >"$log" 2>&1; then
     grep -v "is ignored: it is neither a file nor a directory" "$log" | tail -40
     echo "bootstrap: pip install failed" >&2; exit 1
   fi

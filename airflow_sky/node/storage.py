@@ -1,8 +1,9 @@
 """Object stores through Airflow's ObjectStoragePath: one path API for s3://, gs://, file:// and local paths.
 
 The store's filesystem comes from the provider that owns the scheme (amazon: s3fs with the `aws_conn_id`
-connection; google: gcsfs with the `gcp_conn_id` connection), so credentials, endpoints and emulators are
-configured the way Airflow configures them everywhere else.
+connection, installed with `apache-airflow-providers-amazon[s3fs]`; google: gcsfs with the `gcp_conn_id`
+connection), so credentials, endpoints and emulators are configured the way Airflow configures them
+everywhere else.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from airflow_sky.errors import SkyError, SpecError
 
 SCHEMES = ("s3", "gs", "file")
 _DEFAULT_CONN = {"s3": "aws_default", "gs": "google_cloud_default"}
-_EXTRA = {"s3": "aws", "gs": "gcp"}
+_INSTALL = {"s3": "'apache-airflow-providers-amazon[s3fs]'", "gs": "'airflow-sky[gcp]'"}
 
 
 def storage_path(
@@ -33,8 +34,7 @@ def storage_path(
     try:
         path.fs  # noqa: B018  # builds the store's filesystem now: a missing provider is a clear error here
     except ImportError as e:
-        extra = _EXTRA.get(scheme, "")
         raise SkyError(
-            f"{field}: {scheme}:// needs the provider's filesystem: pip install 'airflow-sky[{extra}]' ({e})"
+            f"{field}: {scheme}:// needs the provider's filesystem: pip install {_INSTALL.get(scheme, '')} ({e})"
         ) from e
     return path
