@@ -2,6 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow_home
+TEST_WORKERS ?= 4
 
 .PHONY: bootstrap demo test lint typecheck unit bench
 
@@ -23,8 +24,9 @@ lint:
 typecheck:
 	$(BIN)/mypy
 
+## The end-to-end tests mostly wait on nodes and subprocesses: files run side by side, a file's tests in order.
 unit:
-	$(BIN)/pytest -q --durations=15 tests
+	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests
 
 bench: bootstrap
 	$(BIN)/python bench/run_all.py

@@ -21,7 +21,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _STATE = Path(tempfile.mkdtemp(prefix="airflow-sky-tests-"))
 os.environ[layout.ROOT_ENV] = str(_STATE / "local")
 os.environ["AIRFLOW_SKY_AIRFLOW_HOME"] = str(_STATE / "cli-airflow")
-os.environ.setdefault("AIRFLOW_HOME", str(REPO_ROOT / ".airflow_home" / "tests"))
+# pytest-xdist workers run side by side: each gets its own Airflow DB, and its local nodes their own SSH
+# port (the loopback address allocator only sees its own worker's nodes).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ["AIRFLOW_HOME"] = str(REPO_ROOT / ".airflow_home" / f"tests{_WORKER}")
+if _WORKER:
+    os.environ[layout.DEFAULT_SSH_PORT_ENV] = str(
+        layout.DEFAULT_SSH_PORT + 1 + int(_WORKER.removeprefix("gw"))
+    )
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 
 

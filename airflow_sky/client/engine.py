@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle, Phase, sanitize_cluster_name
 from airflow_sky.infra.home import sky_home
 from airflow_sky.task import Task
-from airflow_sky.task.redaction import redactor
+from airflow_sky.task.redaction import task_redactor
 from airflow_sky.task.templating import keep_literal
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
@@ -89,7 +90,25 @@ def prepare_airflow() -> Path:
 
 
 def dag_id_for(cluster_name: str) -> str:
-    return "sky_launch_" + cluster_name.replace("-", "_")
+    """Unique per launch: two launches on one cluster (concurrent `exec`s) must not share a DAG or its file."""
+    return f"sky_launch_{cluster_name.replace('-', '_')}_{secrets.token_hex(4)}"
+
+
+# The launch running in this process: its files (removed as soon as Airflow has parsed them, and on every
+# way out) and its log. A Ctrl-C handler reads it (see abandon_launch).
+_active: dict[str, Any] = {}
+
+
+def _remove_launch_files() -> None:
+    for path in _active.pop("files", ()):
+        Path(path).unlink(missing_ok=True)
+
+
+def abandon_launch() -> Path | None:
+    """For a Ctrl-C that ends this process: remove the launch's files; returns its log file."""
+    _remove_launch_files()
+    log_file: Path | None = _active.get("log_file")
+    return log_file
 
 
 def write_launch_files(task: Task, options: LaunchOptions) -> Path:
@@ -107,6 +126,7 @@ def write_launch_files(task: Task, options: LaunchOptions) -> Path:
         "dag_id": dag_id,
     }
     fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    _active["files"] = (spec_path, dag_path)
     with os.fdopen(fd, "w") as f:
         json.dump(spec, f)
     dag_path.write_text(
@@ -174,7 +194,8 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     dag_path = write_launch_files(task, options)
     log_dir = home / "logs" / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_file = log_dir / f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log_file = log_dir / f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    _active["log_file"] = log_file
     recorder = _Recorder()
     listeners: list[events.Listener] = [recorder] if listener is None else [recorder, listener]
     lock = threading.RLock()  # events come from the runner and from the node-log thread
@@ -182,6 +203,8 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     node_logs: list[NodeLogs] = []
 
     def sink(event: events.Event) -> None:
+        if event.kind == "task_started":
+            _remove_launch_files()  # dag.test() parsed the DAG into its DB before the first task
         with lock:
             for receive in listeners:
                 receive(event)
@@ -193,7 +216,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
                         cluster,
                         handle,
                         sink,
-                        redactor(task.secrets.values()),
+                        task_redactor(task),
                         cast(tuple[Phase, ...], phases),
                     )
                 )
@@ -212,8 +235,8 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     finally:
         for watcher in node_logs:
             watcher.stop()
-        dag_path.unlink(missing_ok=True)
-        dag_path.with_suffix(".json").unlink(missing_ok=True)
+        _remove_launch_files()
+        _active.clear()
     return JobOutcome(
         succeeded=state == "success" and not recorder.failures,
         state=state,

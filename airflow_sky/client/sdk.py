@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # these load Airflow, which engine.prepare_airflow must confi
     from airflow_sky.gang.cluster_jobs import ClusterJobs
     from airflow_sky.infra.cluster import Cluster
 
-__all__ = ["cancel", "down", "exec", "job_status", "launch", "queue", "status", "tail_logs"]
+__all__ = ["cancel", "down", "exec", "forget", "job_status", "launch", "queue", "status", "tail_logs"]
 
 
 # ---- which infra a cluster lives on (a lookup hint; the infra itself is the source of truth) -------------
@@ -73,12 +73,19 @@ def _jobs(cluster_name: str, infra: str | None = None) -> ClusterJobs:
 # ---- launch / exec ---------------------------------------------------------------------------------------
 
 
-def run(task: Task, options: LaunchOptions, listener: Callable[[Event], None] | None = None) -> JobOutcome:
+def run(
+    task: Task,
+    options: LaunchOptions,
+    listener: Callable[[Event], None] | None = None,
+    task_file: str | None = None,
+) -> JobOutcome:
     """Run a launch/exec to its end (or to its start with options.follow=False); the CLI's engine call."""
     from airflow_sky.client.engine import prepare_airflow
 
     prepare_airflow()
     from airflow_sky.client.engine import run_job
+
+    _preflight(task, options, task_file or "TASK.yaml")
 
     def on_event(event: Event) -> None:
         if event.kind == "job":
@@ -89,7 +96,31 @@ def run(task: Task, options: LaunchOptions, listener: Callable[[Event], None] | 
         if listener is not None:
             listener(event)
 
-    return run_job(task, options, listener=on_event)
+    outcome = run_job(task, options, listener=on_event)
+    if (
+        options.down
+        and outcome.job_id is not None
+        and not cluster_of(outcome.cluster_name, options.infra).nodes()
+    ):
+        forget(outcome.cluster_name)  # the DAG's teardown took it down
+    return outcome
+
+
+def _preflight(task: Task, options: LaunchOptions, task_file: str) -> None:
+    """Refuse what cannot work before any Airflow run starts: an unknown infra, an exec that cannot run."""
+    from airflow_sky.gang.phases import check_exec_nodes
+    from airflow_sky.infra.registry import get_cloud
+
+    get_cloud(options.infra)
+    if options.must_exist:
+        nodes = cluster_of(options.cluster_name, options.infra).nodes()
+        check_exec_nodes(options.cluster_name, options.infra, nodes, task.num_nodes, task_file)
+
+
+def forget(cluster_name: str) -> None:
+    """Drop what this machine keeps of a cluster that is gone: its ssh entries and infra hint."""
+    ssh_config.remove_entries(cluster_name)
+    _remember(cluster_name, None)
 
 
 def _printing_listener(output: TextIO) -> Callable[[Event], None]:
@@ -210,10 +241,10 @@ def down(cluster_name: str) -> None:
     """Terminate every node of the cluster and forget its ssh entries."""
     cluster = cluster_of(cluster_name)
     if not cluster.nodes():
+        forget(cluster_name)
         raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
     cluster.terminate()
-    ssh_config.remove_entries(cluster_name)
-    _remember(cluster_name, None)
+    forget(cluster_name)
 
 
 def status(cluster_names: Sequence[str] | None = None, infra: str = "local") -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from airflow.sdk import DAG, TaskGroup
 
 from airflow_sky.errors import SpecError
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
+from airflow_sky.infra.registry import check_connection
 from airflow_sky.node.files import bucket_mounts
 from airflow_sky.operators import (
     SkyCollectOperator,
@@ -77,6 +78,8 @@ def sky_job(
         task = task.update_envs(env_overrides)
     bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
     infra = infra or task.resources.infra or "local"
+    if "{{" not in infra:
+        check_connection(infra, conn_id)  # fails when the DAG is parsed, not mid-run
     group_id = group_id or _group_id(task)
     common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
     follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
@@ -137,7 +140,8 @@ def sky_job(
         )
         teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
         launch >> run_start >> run_follow >> collect >> teardown
-        teardown.as_teardown(setups=provision)
+        # A teardown that cannot terminate fails the run: paid nodes left running must not look like success.
+        teardown.as_teardown(setups=provision, on_failure_fail_dagrun=True)
     return group
 
 

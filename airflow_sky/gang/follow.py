@@ -75,6 +75,7 @@ class GangFollower:
     until_quiet: bool = False
     unreachable_grace_s: float = UNREACHABLE_GRACE_S
     max_unreachable_s: float = MAX_UNREACHABLE_S
+    redact: Callable[[str], str] = str  # applied to the log tail a failure carries (str: unchanged)
     _sibling_unreachable_since: dict[int, float] = dataclasses.field(default_factory=dict, init=False)
 
     @property
@@ -214,7 +215,7 @@ class GangFollower:
         if cause_rank == self.rank:
             message = f"rank {cause_rank} failed with exit code {cause_code}; killed the processes on the other nodes"
             if tail:
-                message += "\nlast log lines:\n" + "\n".join(tail)
+                message += "\nlast log lines:\n" + "\n".join(self.redact(line) for line in tail)
             raise JobFailed(message, status=self.failed_status, rank=cause_rank, exit_code=cause_code)
         raise JobFailed(
             f"killed: rank {cause_rank} failed with exit code {cause_code}",

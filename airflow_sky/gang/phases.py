@@ -8,18 +8,23 @@ import dataclasses
 import json
 import math
 import signal
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from airflow_sky.errors import ClusterError, JobFailed, RemoteError
 from airflow_sky.gang import queue
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
-from airflow_sky.infra.base import Node
+from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
-from airflow_sky.node.client import NodeClient
+from airflow_sky.node.client import FileTooLarge, NodeClient
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import Task, envs
+from airflow_sky.task.redaction import redact_json
+
+# The largest return.json read into XCom: XComs are rows of the Airflow DB, not a file store.
+MAX_RESULT_BYTES = 1024 * 1024
 
 # The generation a run script sees, so a job can tell a relaunch from its first start.
 RECOVERY_COUNT_ENV = "AIRFLOW_SKY_RECOVERY_COUNT"
@@ -50,6 +55,28 @@ def phase_env(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ran
     if phase == "run":
         env[RECOVERY_COUNT_ENV] = str(handle.generation)
     return env
+
+
+def check_exec_nodes(cluster_name: str, infra: str, nodes: list[Node], num_nodes: int, file: str) -> None:
+    """`exec` runs without setup: every node it uses must already be up and set up (never grown or replaced).
+
+    Raises ClusterError saying how to fix it: a launch adds or replaces nodes and runs setup on them.
+    """
+    fix = f"run `airflow-sky launch -c {cluster_name} {file}`: it brings the cluster to size and runs setup"
+    if not nodes:
+        raise ClusterError(f"cluster {cluster_name!r} does not exist on {infra}; launch it first: {fix}")
+    if len(nodes) < num_nodes:
+        raise ClusterError(
+            f"cluster {cluster_name!r} has {len(nodes)} node(s); the task needs {num_nodes}, and exec never "
+            f"adds nodes (a new node would run the job without its setup); {fix}"
+        )
+    down = [n for n in sorted(nodes, key=lambda n: n.rank)[:num_nodes] if n.status is not NodeStatus.RUNNING]
+    if down:
+        ranks = ", ".join(f"rank {n.rank} is {n.status.value}" for n in down)
+        raise ClusterError(
+            f"cluster {cluster_name!r}: {ranks}; exec never replaces a node (the new one would run the job "
+            f"without its setup); {fix}"
+        )
 
 
 def register_job(cluster: Cluster, task: Task, nodes: list[Node], submit_key: str) -> JobHandle:
@@ -138,15 +165,26 @@ def kill_rank(cluster: Cluster, job_id: str, node: Node, generation: int) -> Non
         jobs.kill_job(client, job_id, generation, sig=signal.SIGTERM, grace_s=5.0)
 
 
-def read_result(client: NodeClient, handle: JobHandle) -> Any:
-    """The JSON the run on `client`'s node wrote to $AIRFLOW_SKY_XCOM_DIR/return.json, or None."""
+def read_result(client: NodeClient, handle: JobHandle, redact: Callable[[str], str] = str) -> Any:
+    """The JSON the run on `client`'s node wrote to $AIRFLOW_SKY_XCOM_DIR/return.json, or None.
+
+    `redact` applies to every string in it: a secret the job echoed into its result stays out of XCom.
+    """
     node = client.node
     job_id = handle.remote_job_id("run")
-    raw = jobs.read_xcom(client, job_id)
+    try:
+        raw = jobs.read_xcom(client, job_id, max_bytes=MAX_RESULT_BYTES)
+    except FileTooLarge as e:
+        raise JobFailed(
+            f"rank {node.rank} ({node.internal_ip}): ~/{e.path} is {e.size} bytes; a result handed over as "
+            f"XCom may be at most {MAX_RESULT_BYTES} bytes (it lives in the Airflow DB): write large "
+            "outputs as artifacts (artifacts: in the task YAML) and return their paths",
+            rank=node.rank,
+        ) from e
     if raw is None:
         return None
     try:
-        return json.loads(raw)
+        return redact_json(json.loads(raw), redact)
     except json.JSONDecodeError as e:
         path = f"~/{JOBS_DIR}/{job_id}/xcom/return.json"
         raise JobFailed(

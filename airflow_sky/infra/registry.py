@@ -13,10 +13,22 @@ from airflow_sky.infra.cluster import Cluster
 _DRIVERS: dict[str, tuple[str, str, str | None]] = {
     "local": ("airflow_sky.infra.local.cloud", "LocalCloud", None),
 }
+# Infras that need no credentials, so take no Airflow connection.
+_NO_CONNECTION = {"local"}
 
 
 def supported_infras() -> list[str]:
     return sorted(_DRIVERS)
+
+
+def check_connection(infra: str, conn_id: str | None) -> None:
+    """An infra that needs no credentials refuses a conn_id (rather than failing deep in its driver)."""
+    cloud_name = (infra or "local").split("/", 1)[0].lower()
+    if conn_id is not None and cloud_name in _NO_CONNECTION:
+        raise SpecError(
+            f"conn_id: the {cloud_name} infra takes no Airflow connection (it needs no credentials), "
+            f"got conn_id={conn_id!r}; leave conn_id out"
+        )
 
 
 def get_cloud(infra: str, conn_id: str | None = None) -> Cloud:
@@ -27,6 +39,7 @@ def get_cloud(infra: str, conn_id: str | None = None) -> Cloud:
         raise SpecError(
             f"infra: unsupported cloud {cloud_name!r}; supported: {', '.join(supported_infras())}"
         )
+    check_connection(cloud_name, conn_id)
     module_name, class_name, extra = entry
     try:
         module = importlib.import_module(module_name)

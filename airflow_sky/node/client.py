@@ -41,6 +41,9 @@ def parse_host_key(host_key: str) -> paramiko.PKey:
     return _HOST_KEY_TYPES[parts[0]](data=base64.b64decode(parts[1]))  # type: ignore[arg-type]
 
 
+SFTP_TIMEOUT_S = 60.0  # the longest a node may take to answer one SFTP request
+
+
 class NodeSSHHook(SSHHook):
     """SSHHook for a node whose address, user, key and host key come from the cluster record.
 
@@ -62,9 +65,16 @@ class NodeSSHHook(SSHHook):
         )
         self.look_for_keys = False
         self.compress = False  # rsync compresses what needs it; zlib only slows small execs
-        if node.host_key:
-            self.host_key = parse_host_key(node.host_key)  # type: ignore[assignment]
-            self.no_host_key_check = False
+        if not node.host_key:
+            # Never trust on first use: a node's host key is learned when it is provisioned (the local
+            # driver generates it, a cloud driver reads it from the instance's console or metadata).
+            raise RemoteError(
+                f"node rank {node.rank} ({node.ssh_host}:{node.ssh_port}) has no pinned host key in its "
+                "record; airflow-sky learns a node's host key when it provisions the node and refuses "
+                "unpinned connections: provision the node again (airflow-sky launch) or add its host key"
+            )
+        self.host_key = parse_host_key(node.host_key)  # type: ignore[assignment]
+        self.no_host_key_check = False
 
     def get_conn(self) -> paramiko.SSHClient:
         client = super().get_conn()
@@ -117,6 +127,9 @@ class NodeClient:
         with self._lock:
             if self._sftp is None:
                 self._sftp = client.open_sftp()
+                # Every SFTP request waits at most this long for the node's answer (a hung node fails the
+                # operation instead of the task waiting forever).
+                self._sftp.get_channel().settimeout(SFTP_TIMEOUT_S)  # type: ignore[union-attr]
             return self._sftp
 
     def close(self) -> None:
@@ -183,36 +196,67 @@ class NodeClient:
         while block := stdin.read(256 * 1024):
             channel.sendall(block)
 
+    @contextlib.contextmanager
+    def _sftp_call(self, operation: str) -> Iterator[paramiko.SFTPClient]:
+        """One SFTP operation: a node that stops answering fails it with a RemoteError naming it."""
+        with self._sftp_lock:
+            try:
+                yield self.sftp
+            except TimeoutError as e:
+                self.close()  # the channel is out of step with the server now
+                raise RemoteError(
+                    f"{operation} on node rank {self.node.rank} ({self.node.ssh_host}): no answer within "
+                    f"{SFTP_TIMEOUT_S:.0f}s"
+                ) from e
+            except (paramiko.SSHException, EOFError) as e:
+                self.close()
+                raise RemoteError(
+                    f"{operation} on node rank {self.node.rank} ({self.node.ssh_host}): {e}"
+                ) from e
+
     def put(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
         """Upload one file (streamed in blocks); relative remote paths are under the node's home."""
-        with self._sftp_lock:
-            self.sftp.put(str(local_path), remote_path)
+        with self._sftp_call(f"upload of {remote_path}") as sftp:
+            sftp.put(str(local_path), remote_path)
             if mode is not None:
-                self.sftp.chmod(remote_path, mode)
+                sftp.chmod(remote_path, mode)
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
         """Download one file (streamed in blocks)."""
-        with self._sftp_lock:
-            self.sftp.get(remote_path, str(local_path))
+        with self._sftp_call(f"download of {remote_path}") as sftp:
+            sftp.get(remote_path, str(local_path))
 
-    def read_file(self, remote_path: str) -> bytes | None:
-        """A small remote file's content, or None when it does not exist."""
-        with self._sftp_lock:
+    def read_file(self, remote_path: str, max_bytes: int | None = None) -> bytes | None:
+        """A small remote file's content, or None when it does not exist.
+
+        With `max_bytes`, a larger file raises FileTooLarge (its size) rather than being read.
+        """
+        with self._sftp_call(f"read of {remote_path}") as sftp:
             try:
-                with self.sftp.open(remote_path, "rb") as f:
+                with sftp.open(remote_path, "rb") as f:
+                    if max_bytes is not None:
+                        size = f.stat().st_size or 0
+                        if size > max_bytes:
+                            raise FileTooLarge(remote_path, size, max_bytes)
                     return f.read()
             except FileNotFoundError:
                 return None
 
     def rename(self, source: str, destination: str) -> None:
         """Atomic rename over an existing file (POSIX rename)."""
-        with self._sftp_lock:
-            self.sftp.posix_rename(source, destination)
+        with self._sftp_call(f"rename of {source}") as sftp:
+            sftp.posix_rename(source, destination)
 
     @contextlib.contextmanager
     def open_remote(self, remote_path: str, mode: str = "rb") -> Iterator[paramiko.SFTPFile]:
-        with self._sftp_lock, self.sftp.open(remote_path, mode) as f:
+        with self._sftp_call(f"transfer of {remote_path}") as sftp, sftp.open(remote_path, mode) as f:
             yield f
+
+
+class FileTooLarge(RemoteError):
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        super().__init__(f"{path} is {size} bytes, over the limit of {limit}")
+        self.path, self.size, self.limit = path, size, limit
 
 
 def _drain(channel: paramiko.Channel) -> Iterator[tuple[bytes, bytes]]:

@@ -135,9 +135,11 @@ def current_generation(client: NodeClient, job_id: str) -> int | None:
     return int(text) if rc == 0 and text.isdigit() else None
 
 
-def read_xcom(client: NodeClient, job_id: str, name: str = "return.json") -> bytes | None:
-    """The file a job wrote to $AIRFLOW_SKY_XCOM_DIR/<name>, or None."""
-    return client.read_file(f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/xcom/{name}")
+def read_xcom(
+    client: NodeClient, job_id: str, name: str = "return.json", max_bytes: int | None = None
+) -> bytes | None:
+    """The file a job wrote to $AIRFLOW_SKY_XCOM_DIR/<name>, or None (FileTooLarge above `max_bytes`)."""
+    return client.read_file(f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/xcom/{name}", max_bytes=max_bytes)
 
 
 def recorded_failure(head: NodeClient, job_id: str, generation: int) -> tuple[int, int] | None:

@@ -15,10 +15,20 @@ from airflow_sky.gang.recovery import RECOVERY_XCOM_KEY, latest_announced
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.infra.base import Node
 from airflow_sky.task import Task
+from airflow_sky.task.redaction import sensitive_values
 from airflow_sky.task.templating import protect_shell_syntax
 
 # Mapped per-node tasks show up in the UI as e.g. "rank 1 · 127.0.0.3".
 NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['internal_ip'] }}"
+
+
+def pull_announcements(context: Any, task_id: str) -> list[Any]:
+    """Every `recovery` XCom the mapped `task_id` pushed so far.
+
+    One request for all map indexes: pulling index by index logs an error-level "XCom not found" for every
+    rank that announced nothing, which is every rank of a healthy run.
+    """
+    return list(context["ti"].xcom_pull(task_ids=[task_id], key=RECOVERY_XCOM_KEY) or [])
 
 
 class SkyBaseOperator(BaseOperator):
@@ -52,11 +62,7 @@ class SkyBaseOperator(BaseOperator):
     def latest_handle(self, context: Any) -> JobHandle:
         """The job as of its latest generation: a recovery may have replaced nodes since provisioning."""
         handle = self.handle()
-        announced = context["ti"].xcom_pull(
-            task_ids=f"{self.group_prefix}run_follow",
-            map_indexes=list(range(handle.num_run_nodes)),
-            key=RECOVERY_XCOM_KEY,
-        )
+        announced = pull_announcements(context, f"{self.group_prefix}run_follow")
         state = latest_announced(announced)
         if state.generation <= handle.generation or not state.nodes:
             return handle
@@ -75,9 +81,8 @@ class SkyBaseOperator(BaseOperator):
 
     def mask_secrets(self) -> None:
         """Register the task's secrets with Airflow's masker before anything can log them."""
-        for key, value in self.sky_task.secrets.items():
-            if value:
-                mask_secret(value, name=key)
+        for key, value in sensitive_values(self.sky_task).items():
+            mask_secret(value, name=key)
 
     @property
     def group_prefix(self) -> str:

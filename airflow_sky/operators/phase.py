@@ -28,8 +28,8 @@ from airflow_sky.gang.recovery import (
 )
 from airflow_sky.gang.relaunch import claim_lead, current_nodes, relaunch
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.operators.base import SkyBaseOperator
-from airflow_sky.task.redaction import redactor
+from airflow_sky.operators.base import SkyBaseOperator, pull_announcements
+from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
 
 _WAIT_FOR_LEADER_S = 1800.0
@@ -156,6 +156,7 @@ class SkyFollowOperator(_PhaseOperator):
                     else None,
                     start_offset=offset,
                     until_quiet=self.deferrable,
+                    redact=self._redact,
                 )
                 try:
                     result = follower.run()
@@ -168,7 +169,9 @@ class SkyFollowOperator(_PhaseOperator):
                     raise
                 if result.running:
                     self._defer(handle, nodes, state, result.offset)
-                return read_result(clients[rank], handle) if self.phase == "run" else None
+                if self.phase != "run":
+                    return None
+                return read_result(clients[rank], handle, self._redact)
 
     def _defer(self, handle: JobHandle, nodes: list[Any], state: RecoveryState, offset: int) -> None:
         self.log.info("Rank %s is running: waiting in the triggerer (no worker slot held)", self.node["rank"])
@@ -183,7 +186,7 @@ class SkyFollowOperator(_PhaseOperator):
                 generation=state.generation,
                 offset=offset,
                 setup=self.phase == "setup",
-                secrets=dict(self.sky_task.secrets),
+                secrets=sensitive_values(self.sky_task),
             ),
             method_name="resume",
         )
@@ -207,9 +210,7 @@ class SkyFollowOperator(_PhaseOperator):
         """The latest generation the leader announced (none yet: the provisioned one)."""
         if self.phase != "run":
             return RecoveryState(generation=handle.generation)
-        announced = context["ti"].xcom_pull(
-            task_ids=self.task_id, map_indexes=list(range(handle.num_run_nodes)), key=RECOVERY_XCOM_KEY
-        )
+        announced = pull_announcements(context, self.task_id)
         state = latest_announced(announced)
         return state if state.generation >= handle.generation else RecoveryState(generation=handle.generation)
 
@@ -247,7 +248,7 @@ class SkyFollowOperator(_PhaseOperator):
 
     @functools.cached_property
     def _redact(self) -> Callable[[str], str]:
-        return redactor(self.sky_task.secrets.values())
+        return task_redactor(self.sky_task)
 
     def _log(self, line: str) -> None:
         """Into this task's log: its own node's lines and its own messages."""

@@ -6,9 +6,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_sky.errors import ClusterError
 from airflow_sky.gang.job import sanitize_cluster_name
-from airflow_sky.gang.phases import register_job
+from airflow_sky.gang.phases import check_exec_nodes, register_job
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import SkyBaseOperator
 
@@ -50,11 +49,10 @@ class SkyProvisionOperator(SkyBaseOperator):
         run_id = context["run_id"]
         name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id))
         hook = SkyClusterHook(name, self.infra, self.conn_id)
-        existed = bool(hook.nodes())
-        if self.must_exist and not existed:
-            raise ClusterError(
-                f"cluster {name!r} does not exist on {self.infra}; launch it first: airflow-sky launch -c {name} TASK.yaml"
-            )
+        current = hook.nodes()
+        existed = bool(current)
+        if self.must_exist:
+            check_exec_nodes(name, self.infra, current, self.sky_task.num_nodes, "TASK.yaml")
         self.log.info(
             "%s cluster %s on %s (%d nodes)",
             "Reusing" if existed else "Launching",
@@ -69,7 +67,7 @@ class SkyProvisionOperator(SkyBaseOperator):
                 hook.cluster, self.sky_task, nodes, submit_key=f"{self.dag_id}/{run_id}/{self.task_id}"
             )
         except BaseException:
-            if not existed and self.down:
+            if not existed:  # half a cluster runs no job: nothing of this run's may be left behind
                 self.log.warning("Provisioning failed; removing what was created for cluster %s", name)
                 hook.terminate()
             raise

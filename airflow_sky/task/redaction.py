@@ -3,6 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_sky.task.task import Task
+
+# Parts of a name that make its value a secret: the defaults of Airflow's own masker
+# ([core] sensitive_var_conn_names adds to them), so an env named like a password is hidden wherever
+# Airflow would hide a variable or connection extra of that name.
+SENSITIVE_NAME_PARTS = (
+    "access_token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "passphrase",
+    "passwd",
+    "password",
+    "private_key",
+    "secret",
+    "token",
+    "keyfile_dict",
+    "service_account",
+)
+
+
+def is_sensitive_name(name: str) -> bool:
+    lowered = name.lower()
+    return any(part in lowered for part in SENSITIVE_NAME_PARTS)
+
+
+def sensitive_values(task: Task) -> dict[str, str]:
+    """What must never be shown of `task`: every secret, and every env whose name reads as a secret."""
+    values = {k: v for k, v in task.envs.items() if v and is_sensitive_name(k)}
+    values.update({k: v for k, v in task.secrets.items() if v})
+    return values
+
+
+def task_redactor(task: Task) -> Callable[[str], str]:
+    """The one masker of a task's text outside Airflow's handlers (node logs, failure tails, CLI events)."""
+    return redactor(sensitive_values(task).values())
 
 
 def redactor(secrets: Iterable[str]) -> Callable[[str], str]:
@@ -24,3 +63,14 @@ def redactor(secrets: Iterable[str]) -> Callable[[str], str]:
         return line
 
     return redact
+
+
+def redact_json(value: Any, redact: Callable[[str], str]) -> Any:
+    """`value` (decoded JSON) with `redact` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [redact_json(v, redact) for v in value]
+    if isinstance(value, dict):
+        return {redact(str(k)): redact_json(v, redact) for k, v in value.items()}
+    return value

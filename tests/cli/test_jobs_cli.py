@@ -44,6 +44,16 @@ run: |
   echo "sleeping on $SKYPILOT_NODE_RANK"
   sleep 3600
 """
+SLOW_SETUP = """\
+name: slow-setup
+num_nodes: 2
+secrets:
+  SECRET_TOKEN: null
+setup: |
+  echo "setup waiting on $SKYPILOT_SETUP_NODE_RANK"
+  while [ ! -f "$RELEASE" ]; do sleep 0.2; done
+run: echo "run on $SKYPILOT_NODE_RANK after setup"
+"""
 RESTARTS = """\
 name: restarts
 num_nodes: 2
@@ -85,6 +95,7 @@ def yamls(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "sleeper": SLEEPER,
         "short": SHORT,
         "restarts": RESTARTS,
+        "slow_setup": SLOW_SETUP,
     }.items():
         (folder / f"{name}.yaml").write_text(text)
     return folder
@@ -143,10 +154,11 @@ def exec_until(
     args: list[str],
     done: Callable[[list[str]], bool],
     on_stuck: Callable[[subprocess.Popen[str]], object],
+    command: str = "exec",
 ) -> tuple[subprocess.Popen[str], list[str]]:
     """Start `airflow-sky exec ARGS` and read its output until done(lines); on_stuck(proc) after 180 s."""
     proc = subprocess.Popen(
-        [*CLI, "exec", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*CLI, command, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
     watchdog = threading.Timer(180, on_stuck, args=(proc,))
@@ -185,7 +197,33 @@ def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, y
     ] == []
 
 
-def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluster, tmp_path):
+def launch_files(env: dict[str, str]) -> list[Path]:
+    """The DAG and spec files the CLI writes for a launch (the spec holds the task's secrets)."""
+    dags = Path(env["AIRFLOW_SKY_HOME"]) / "airflow" / "dags"
+    return sorted(dags.glob("sky_launch_*")) if dags.is_dir() else []
+
+
+def interrupt_and_reattach(
+    env: dict[str, str], cluster: str, proc: subprocess.Popen[str], seen: list[str], release: Path
+) -> str:
+    """SIGINT the CLI like Ctrl-C; the job must go on to SUCCEEDED and `logs` must reattach to it."""
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    output = "".join(seen) + rest
+    assert proc.returncode == 130, output
+    assert "Detached from the logs" in output and f"airflow-sky logs {cluster}" in output
+    assert launch_files(env) == [], "the launch's task JSON (it holds secrets) outlived Ctrl-C"
+    job_id = output.split("Detached from the logs; job ", 1)[1].split()[0]
+    status = cli(env, "logs", "--status", cluster, job_id)
+    assert "RUNNING" in status.stdout or "SETTING_UP" in status.stdout, status.stdout + status.stderr
+    release.touch()
+    reattached = cli(env, "logs", cluster, job_id, timeout=240)
+    assert reattached.returncode == 0, reattached.stdout + reattached.stderr
+    assert "SUCCEEDED" in cli(env, "logs", "--status", cluster, job_id).stdout
+    return reattached.stdout
+
+
+def test_interrupted_exec_detaches_and_logs_reattaches(env, yamls, kept_cluster, tmp_path):
     release = tmp_path / "release"
     # Whichever rank the in-process runner follows first, every node's log is shown live; if that broke,
     # end the job (release it) rather than hang, and fail below with what was printed.
@@ -196,19 +234,33 @@ def test_interrupted_launch_detaches_and_logs_reattaches(env, yamls, kept_cluste
         on_stuck=lambda _: release.touch(),
     )
     assert not release.exists(), "rank 0's log never showed up live:\n" + "".join(seen)
-    proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=60)
-    output = "".join(seen) + rest
-    assert proc.returncode == 130, output
-    assert "Detached from the logs" in output and f"airflow-sky logs {kept_cluster}" in output
-    job_id = output.split("Detached from the logs; job ", 1)[1].split()[0]
-    status = cli(env, "logs", "--status", kept_cluster, job_id)
-    assert "RUNNING" in status.stdout, status.stdout + status.stderr
-    release.touch()
-    reattached = cli(env, "logs", kept_cluster, job_id)
-    assert reattached.returncode == 0, reattached.stdout + reattached.stderr
-    assert "finished on 0" in reattached.stdout and "finished on 1" in reattached.stdout
-    assert "SUCCEEDED" in cli(env, "logs", "--status", kept_cluster, job_id).stdout
+    # Rank 1 may not even be started yet: the background driver starts it.
+    logs = interrupt_and_reattach(env, kept_cluster, proc, seen, release)
+    assert "finished on 0" in logs and "finished on 1" in logs
+
+
+def test_interrupted_setup_goes_on_to_the_run_and_logs_reattach(env, yamls, kept_cluster, tmp_path):
+    release = tmp_path / "release"
+    proc, seen = exec_until(
+        env,
+        [
+            "-c",
+            kept_cluster,
+            str(yamls / "slow_setup.yaml"),
+            "--env",
+            f"RELEASE={release}",
+            "--env",
+            "SECRET_TOKEN=s3cr3t-value",
+            "-y",
+        ],
+        done=lambda lines: "setup waiting on 0" in lines[-1],
+        on_stuck=lambda _: release.touch(),
+        command="launch",
+    )
+    assert not release.exists(), "rank 0's setup log never showed up live:\n" + "".join(seen)
+    logs = interrupt_and_reattach(env, kept_cluster, proc, seen, release)
+    assert all(f"run on {rank} after setup" in logs for rank in (0, 1)), logs
+    assert "s3cr3t-value" not in logs
 
 
 def test_ssh_config_entries_reach_the_workers(env, kept_cluster):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from airflow_sky.infra.base import NodeStatus, ProvisionRequest
 from airflow_sky.infra.local import daemon, layout
@@ -25,6 +26,28 @@ def test_three_nodes_have_distinct_addresses_and_homes(local_cluster):
             assert workdir == f"{home}/sky_workdir"
             homes.add(home)
     assert len(homes) == 3
+
+
+def test_a_node_keeps_nothing_of_the_launchers_environment_but_locale_and_path(local_cluster, monkeypatch):
+    # What an Airflow worker's environment holds: none of it may reach a node's commands.
+    fake = {
+        "AIRFLOW__CORE__FERNET_KEY": "fernet-key-of-the-worker",
+        "AIRFLOW_CONN_WAREHOUSE": "postgres://user:conn-password@db:5432/x",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret-of-the-worker",
+        "LC_TIME": "C.UTF-8",
+    }
+    for name, value in fake.items():
+        monkeypatch.setenv(name, value)
+    _, nodes, key = local_cluster(1)
+    with NodeClient(nodes[0], key) as client:
+        rc, out, _ = client.exec("env")
+    assert rc == 0
+    env = dict(line.split("=", 1) for line in out.decode().splitlines() if "=" in line)
+    for leaked in ("fernet-key-of-the-worker", "conn-password", "aws-secret-of-the-worker"):
+        assert leaked not in out.decode()
+    assert env["LC_TIME"] == "C.UTF-8"
+    assert str(Path(sys.executable).parent) in env["PATH"].split(":")
+    assert env["HOME"].endswith("/home") and "PYTHONPATH" not in env
 
 
 def test_exec_returns_exit_code_stdout_and_stderr(local_cluster):

@@ -9,6 +9,7 @@ import secrets
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -82,7 +83,7 @@ def _infra(args: argparse.Namespace, task: Task) -> str:
     return str(args.infra or task.resources.infra or "local")
 
 
-def _run(task: Task, options: Any) -> int:
+def _run(task: Task, options: Any, task_file: str) -> int:
     """Run the launch in this process, printing progress; Ctrl-C detaches (the job keeps running)."""
     from airflow_sky.client import sdk
     from airflow_sky.client.cli.progress import ProgressPrinter, print_summary
@@ -97,16 +98,23 @@ def _run(task: Task, options: Any) -> int:
     main_pid = os.getpid()
 
     def detach(signum: int, frame: Any) -> None:
-        # Detach hard: the job runs detached on its nodes; unwinding through Airflow's task runner would
-        # fail the task and run teardown, which is exactly what Ctrl-C must not do. The handler may
-        # interrupt a console write, so it writes to the raw fd and always ends in os._exit.
+        # Detach hard: unwinding through Airflow's task runner would fail the task and run teardown, which
+        # is exactly what Ctrl-C must not do. The job is handed to a background driver that takes it to its
+        # end, whatever phase it was in. The handler may interrupt a console write, so it writes to the raw
+        # fd and always ends in os._exit.
         try:
             if os.getpid() == main_pid:
                 _stop_helpers()
+                from airflow_sky.client.detach import hand_over
+                from airflow_sky.client.engine import abandon_launch
+
+                log_file = abandon_launch()
+                driver = None
+                if job.get("job_id") is not None and log_file is not None:
+                    driver = hand_over(task, dict(job), options.setup, options.down, log_file)
                 show_cursor = "\x1b[?25h" if console.is_terminal else ""  # the live status hid it
-                os.write(
-                    console.file.fileno(), (show_cursor + _detach_message(job, options.cluster_name)).encode()
-                )
+                message = _detach_message(job, options.cluster_name, options.down, driver, log_file)
+                os.write(console.file.fileno(), (show_cursor + message).encode())
         finally:
             os._exit(130)
 
@@ -117,7 +125,7 @@ def _run(task: Task, options: Any) -> int:
 
     previous = signal.signal(signal.SIGINT, detach)
     try:
-        outcome = sdk.run(task, options, listener)
+        outcome = sdk.run(task, options, listener, task_file)
     finally:
         signal.signal(signal.SIGINT, previous)
         printer.close()
@@ -135,16 +143,20 @@ def _run(task: Task, options: Any) -> int:
     return 0 if outcome.succeeded else 1
 
 
-def _detach_message(job: dict[str, Any], default_cluster: str) -> str:
+def _detach_message(
+    job: dict[str, Any], default_cluster: str, down: bool, driver: int | None, log_file: Path | None
+) -> str:
     cluster = job.get("cluster_name", default_cluster)
     job_id = job.get("job_id")
     if job_id is None:
         return f"\nInterrupted before the job started on {cluster}.\n"
+    end = "then the cluster goes down (--down)" if down else "the cluster is kept"
     return (
-        f"\nDetached from the logs; job {job_id} keeps running on {cluster} (the cluster is kept).\n"
+        f"\nDetached from the logs; job {job_id} keeps running on {cluster} to its end; {end}.\n"
         f"  Reattach: airflow-sky logs {cluster} {job_id}\n"
         f"  Stop it:  airflow-sky cancel {cluster} {job_id}\n"
         f"  Status:   airflow-sky queue {cluster}\n"
+        + (f"  (driven by background process {driver}; its log: {log_file})\n" if driver else "")
     )
 
 
@@ -186,6 +198,7 @@ def _launch(args: argparse.Namespace) -> int:
             setup=not args.no_setup,
             follow=not args.detach_run,
         ),
+        args.file,
     )
 
 
@@ -204,6 +217,7 @@ def _exec(args: argparse.Namespace) -> int:
             must_exist=True,
             follow=not args.detach_run,
         ),
+        args.file,
     )
 
 

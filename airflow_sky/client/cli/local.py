@@ -66,6 +66,9 @@ def _preempt(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     LocalCloud().terminate(args.name)
+    from airflow_sky.client.sdk import forget
+
+    forget(args.name)
     Console().print(f"cluster {args.name} is down")
     return 0
 

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import psutil
@@ -27,16 +27,34 @@ def marker(cluster_name: str, instance_id: str) -> str:
     return f"{cluster_name}/{instance_id}"
 
 
+# What a local node keeps of the launcher's environment: a cloud VM sees none of an Airflow worker's env
+# (its metadata DB URL, fernet key, connections, cloud credentials), and neither does a local node.
+NODE_ENV_KEPT = ("PATH", "LANG", "LANGUAGE", "TZ", "USER", "LOGNAME", "TMPDIR")
+NODE_ENV_KEPT_PREFIXES = ("LC_",)
+
+
+def node_environment(launcher_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a local node starts from: locale, TZ, user and PATH (with this interpreter's bin)."""
+    env = {
+        k: v
+        for k, v in launcher_env.items()
+        if k in NODE_ENV_KEPT or k.startswith(NODE_ENV_KEPT_PREFIXES) or k in layout.SERVER_ONLY_ENV
+    }
+    # Commands find this interpreter's tools (torchrun, a venv's python) even when the caller did not
+    # activate the venv.
+    bin_dir = str(Path(sys.executable).parent)
+    path = env.get("PATH") or os.defpath
+    if bin_dir not in path.split(os.pathsep):
+        path = bin_dir + os.pathsep + path
+    env["PATH"] = path
+    return env
+
+
 def spawn_server(node_dir: Path, node_marker: str) -> int:
     """Start a node's SSH server detached from the caller (it outlives the Airflow task that started it)."""
-    env = dict(os.environ)
+    env = node_environment(os.environ)
     env[layout.NODE_MARKER_ENV] = node_marker
     env[layout.NODE_ROOT_ENV] = layout.root_id()
-    # The node runs commands with the caller's PATH: make sure this interpreter's bin dir (torchrun, rsync
-    # wrappers of a venv) is on it even when the caller did not activate the venv.
-    bin_dir = str(Path(sys.executable).parent)
-    if bin_dir not in env.get("PATH", "").split(os.pathsep):
-        env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     with open(layout.server_log_path(node_dir), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "airflow_sky.infra.local.node_server", str(node_dir)],

@@ -32,6 +32,8 @@ NODE_MARKER_ENV = "AIRFLOW_SKY_LOCAL_NODE"
 # ... together with the state root it belongs to: two roots on one machine (two users, two test runs) may
 # both have a cluster called `train`, and stopping one must never touch the other's processes.
 NODE_ROOT_ENV = "AIRFLOW_SKY_LOCAL_NODE_ROOT"
+# The node server's own needs from the launcher's environment, not passed on to the commands it runs.
+SERVER_ONLY_ENV = ("PYTHONPATH",)
 DEFAULT_SSH_PORT_ENV = "AIRFLOW_SKY_LOCAL_SSH_PORT"
 DEFAULT_SSH_PORT = 2222
 CLUSTER_KEY = "id_ed25519"

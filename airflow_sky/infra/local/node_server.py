@@ -197,7 +197,8 @@ async def _serve(node_dir: Path) -> None:
     home = layout.node_home(node_dir)
     home.mkdir(parents=True, exist_ok=True)
     marker = os.environ[layout.NODE_MARKER_ENV]
-    base_env = {k: v for k, v in os.environ.items() if k not in ("PWD", "OLDPWD")}
+    # The server started from daemon.node_environment; what it needed for itself stays with it.
+    base_env = {k: v for k, v in os.environ.items() if k not in ("PWD", "OLDPWD", *layout.SERVER_ONLY_ENV)}
     runner = _ProcessRunner(home, marker, base_env)
     _become_subreaper()
     reaper = asyncio.ensure_future(_reap_orphans(runner.own_children))
