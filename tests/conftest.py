@@ -21,6 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 _STATE = Path(tempfile.mkdtemp(prefix="airflow-sky-tests-"))
 os.environ[layout.ROOT_ENV] = str(_STATE / "local")
 os.environ["AIRFLOW_SKY_AIRFLOW_HOME"] = str(_STATE / "cli-airflow")
+os.environ["AIRFLOW_SKY_HOME"] = str(_STATE / "sky-home")  # clusters.json, ssh entries
+os.environ["AIRFLOW_SKY_SSH_CONFIG"] = str(_STATE / "ssh_config")  # never the user's ~/.ssh/config
 # pytest-xdist workers run side by side: each gets its own Airflow DB, and its local nodes their own SSH
 # port (the loopback address allocator only sees its own worker's nodes).
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")

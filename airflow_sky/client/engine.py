@@ -28,6 +28,7 @@ from airflow_sky.task.redaction import task_redactor
 from airflow_sky.task.templating import keep_literal
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
+MIGRATE_TIMEOUT_S = 600  # a first migrate takes ~20 s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +76,19 @@ def prepare_airflow() -> Path:
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
     marker = home / ".migrated"
     if not marker.exists():
-        proc = subprocess.run(
-            [sys.executable, "-m", "airflow", "db", "migrate"],
-            capture_output=True,
-            text=True,
-            env=os.environ.copy(),
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "airflow", "db", "migrate"],
+                capture_output=True,
+                text=True,
+                env=os.environ.copy(),
+                timeout=MIGRATE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise SkyError(
+                f"`airflow db migrate` of the private Airflow DB in {home} did not finish within "
+                f"{MIGRATE_TIMEOUT_S}s (is another process holding {home / 'airflow.db'}?)"
+            ) from e
         if proc.returncode != 0:
             raise SkyError(
                 f"could not initialize the private Airflow DB in {home}: {proc.stderr.strip()[-800:]}"

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, TaskGroup
 
 from airflow_sky.errors import SpecError
@@ -30,6 +32,18 @@ from airflow_sky.operators import (
 )
 from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
 from airflow_sky.task import Task
+
+# The deadline of every step that is not the user's own script (setup and run take setup_timeout and
+# run_timeout). Generous: they cover a cloud's slow days, and only a hung step ever reaches them.
+STEP_TIMEOUTS: dict[str, timedelta] = {
+    "provision": timedelta(minutes=45),
+    "sync": timedelta(minutes=60),
+    "setup_start": timedelta(minutes=10),
+    "launch": timedelta(minutes=10),
+    "run_start": timedelta(minutes=10),
+    "collect": timedelta(minutes=60),
+    "teardown": timedelta(minutes=30),
+}
 
 
 def sky_job(
@@ -51,6 +65,8 @@ def sky_job(
     aws_conn_id: str | None = None,
     gcp_conn_id: str | None = None,
     deferrable: bool | None = None,
+    setup_timeout: timedelta | None = None,
+    run_timeout: timedelta | None = None,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
@@ -67,6 +83,12 @@ def sky_job(
         collect or teardown; the job keeps running on the kept cluster.
     :param deferrable: the setup and run follow tasks wait in the triggerer while their node runs, holding
         no worker slot (default: `[operators] default_deferrable`).
+    :param setup_timeout: the longest a rank's setup may take (default: no limit, as in SkyPilot); past it
+        the follow task fails and the job fails fast.
+    :param run_timeout: the same for a rank's run (recoveries included).
+
+    Every other step has a deadline of its own (STEP_TIMEOUTS): provisioning, syncing, starting, collecting
+    and tearing down never wait forever.
     """
     if not follow_run and down:
         raise SpecError(
@@ -91,12 +113,14 @@ def sky_job(
             infra=infra,
             down=down,
             must_exist=must_exist,
+            execution_timeout=STEP_TIMEOUTS["provision"],
             **common,
         )
         cluster = provision.output["handle"]  # type: ignore[index]  # a PlainXComArg of another XCom key
         every_node = provision.output
 
         def per_node(operator: type[Any], task_id: str, nodes: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("execution_timeout", STEP_TIMEOUTS.get(task_id))
             return operator.partial(
                 task_id=task_id,
                 cluster=cluster,
@@ -106,12 +130,19 @@ def sky_job(
             ).expand(node=nodes)
 
         sync = per_node(SkySyncOperator, "sync", every_node, aws_conn_id=aws_conn_id, gcp_conn_id=gcp_conn_id)
-        launch = SkyLaunchOperator(task_id="launch", cluster=cluster, **common)
+        launch = SkyLaunchOperator(
+            task_id="launch", cluster=cluster, execution_timeout=STEP_TIMEOUTS["launch"], **common
+        )
         run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
         if setup:
             setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
             setup_follow = per_node(
-                SkyFollowOperator, "setup_follow", every_node, phase="setup", **follow_options
+                SkyFollowOperator,
+                "setup_follow",
+                every_node,
+                phase="setup",
+                execution_timeout=setup_timeout,
+                **follow_options,
             )
             provision >> sync >> setup_start >> setup_follow >> launch
         else:
@@ -125,6 +156,7 @@ def sky_job(
             launch.output,
             phase="run",
             max_recoveries=max_recoveries,
+            execution_timeout=run_timeout,
             **follow_options,
         )
         collect = SkyCollectOperator(
@@ -136,12 +168,24 @@ def sky_job(
             artifacts_from=artifacts_from,
             aws_conn_id=aws_conn_id,
             gcp_conn_id=gcp_conn_id,
+            execution_timeout=STEP_TIMEOUTS["collect"],
             **common,
         )
-        teardown = SkyTeardownOperator(task_id="teardown", cluster=cluster, down=down, **common)
+        teardown = SkyTeardownOperator(
+            task_id="teardown",
+            cluster=cluster,
+            down=down,
+            execution_timeout=STEP_TIMEOUTS["teardown"],
+            **common,
+        )
         launch >> run_start >> run_follow >> collect >> teardown
-        # A teardown that cannot terminate fails the run: paid nodes left running must not look like success.
-        teardown.as_teardown(setups=provision, on_failure_fail_dagrun=True)
+        teardown.as_teardown(setups=provision)
+        if down:
+            # A teardown that cannot terminate must fail the run: nodes left running must not look like a
+            # success. Not on_failure_fail_dagrun: it makes the teardown the run's only leaf, so a failed
+            # job followed by a clean teardown would count as a successful run. A plain leaf after the
+            # teardown fails the run when it does not succeed, and leaves collect a leaf of its own.
+            teardown >> EmptyOperator(task_id="terminated")
     return group
 
 

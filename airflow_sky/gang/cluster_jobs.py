@@ -30,6 +30,9 @@ _PHASE_FAILED = {"setup": JobStatus.FAILED_SETUP, "run": JobStatus.FAILED}
 class ClusterJobs:
     """Jobs of one cluster. Opens one SSH connection per node, lazily; close() (or `with`) releases them."""
 
+    # A job that stays INIT/PENDING this long while `logs` waits for it has no launcher left to start it.
+    pending_limit_s: float = 900.0
+
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._nodes: list[Node] | None = None
@@ -179,6 +182,7 @@ class ClusterJobs:
         node = next(n for n in self.nodes if n.rank == rank)
         client = self.cluster.client(node)  # its own connection: tails run in parallel threads
         tail: LogTail | None = None
+        waiting_since = time.monotonic()
         try:
             while True:
                 if tail is None:
@@ -186,8 +190,15 @@ class ClusterJobs:
                     if (
                         generation is None
                     ):  # not started (yet, or never: exec has no setup, a failed setup no run)
-                        if not follow or self._phase_over(record, phase):
+                        status = self._status(record)
+                        if not follow or _phase_over(status, phase):
                             return
+                        if status in (JobStatus.INIT, JobStatus.PENDING):
+                            if time.monotonic() - waiting_since > self.pending_limit_s:
+                                emit(rank, self._stuck_message(record, node, phase, status))
+                                return
+                        else:
+                            waiting_since = time.monotonic()
                         time.sleep(1.0)
                         continue
                     tail = LogTail(
@@ -206,11 +217,22 @@ class ClusterJobs:
         finally:
             client.close()
 
-    def _phase_over(self, record: dict[str, Any], phase: Phase) -> bool:
-        """Has the job moved past `phase` (so a phase that never started never will)?"""
-        status = JobStatus(
-            (queue.read_record(self.head, int(record["job_id"])) or record).get("status", "INIT")
+    def _status(self, record: dict[str, Any]) -> JobStatus:
+        current = queue.read_record(self.head, int(record["job_id"])) or record
+        return JobStatus(current.get("status", "INIT"))
+
+    def _stuck_message(self, record: dict[str, Any], node: Node, phase: Phase, status: JobStatus) -> str:
+        job_id = record["job_id"]
+        name = self.cluster.name
+        return (
+            f"{node_prefix(node.rank, None, node.internal_ip, phase == 'setup')} [job {job_id} has been "
+            f"{status.value} for {self.pending_limit_s:.0f}s with nothing started on this node: its launcher "
+            f"is gone? See `airflow-sky queue {name}`; end it with `airflow-sky cancel {name} {job_id}`]"
         )
-        if phase == "setup":
-            return status not in (JobStatus.INIT, JobStatus.PENDING, JobStatus.SETTING_UP)
-        return status.is_terminal
+
+
+def _phase_over(status: JobStatus, phase: Phase) -> bool:
+    """Has the job moved past `phase` (so a phase that never started never will)?"""
+    if phase == "setup":
+        return status not in (JobStatus.INIT, JobStatus.PENDING, JobStatus.SETTING_UP)
+    return status.is_terminal

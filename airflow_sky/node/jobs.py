@@ -3,7 +3,7 @@
 The job record lives on the node, `~/.airflow_sky/jobs/<job_id>/`:
     generation            the current generation (bumped by a recovery relaunch)
     gen-<g>/script.sh     the user's script
-    gen-<g>/env           `export K=V` lines, mode 0600 (never on a command line)
+    gen-<g>/env           `export K=V` lines, mode 0600 (never on a command line), removed once read
     gen-<g>/launch.sh     the wrapper; gen-<g>/pid (= pgid), gen-<g>/log, gen-<g>/exit_code
     xcom/                 $AIRFLOW_SKY_XCOM_DIR: a job writes return.json here
 """

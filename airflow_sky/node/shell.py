@@ -31,6 +31,10 @@ def generation_dir(job_id: str, generation: int) -> str:
     return f"{job_dir(job_id)}/gen-{int(generation)}"
 
 
+# Job dirs (logs, results) a node keeps: one per job and phase; older ended ones go when a job starts.
+KEPT_JOB_DIRS = 100
+
+
 def launch_script() -> str:
     """The detached wrapper (launch.sh) for one generation; it runs in the generation dir's parent job dir.
 
@@ -44,6 +48,7 @@ job=$(dirname "$d")
 echo $$ > "$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid"
 trap 'true' TERM INT HUP
 . "$d/env"
+rm -f "$d/env"  # secrets at rest: the env file lives only until the job has read it
 export AIRFLOW_SKY_XCOM_DIR="$job/xcom"
 export AIRFLOW_SKY_JOB_DIR="$job"
 mkdir -p "$HOME/{WORKDIR}" "$AIRFLOW_SKY_XCOM_DIR"
@@ -80,7 +85,17 @@ fi
 i=0
 while [ ! -s "$d/pid" ] && [ ! -s "$d/exit_code" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i+1)); done
 echo "$state $(cat "$d/pid" 2>/dev/null || echo -)"
+{_prune_ended_jobs(KEPT_JOB_DIRS)}
 """
+
+
+def _prune_ended_jobs(keep: int) -> str:
+    """Remove job dirs beyond the newest `keep` whose every generation ended (a kept cluster stays bounded)."""
+    return f"""\
+( cd "$HOME/{JOBS_DIR}" && ls -1t | tail -n +{int(keep) + 1} | while read -r j; do
+    for g in "$j"/gen-*; do [ -e "$g/exit_code" ] || [ ! -e "$g/claimed" ] || continue 2; done
+    rm -rf -- "$j"
+  done ) >/dev/null 2>&1 || true"""
 
 
 def poll_command(job_id: str, generation: int, offset: int, max_bytes: int) -> str:

@@ -124,6 +124,11 @@ def ssh_command_for(client: NodeClient, known_hosts: Path) -> list[str]:
         "LogLevel=ERROR",
         "-o",
         "ConnectTimeout=10",
+        # A node that stops answering ends the transfer: 4 unanswered keepalives 15 s apart.
+        "-o",
+        "ServerAliveInterval=15",
+        "-o",
+        "ServerAliveCountMax=4",
     ]
 
 
@@ -140,6 +145,9 @@ def files_to_send(source: Path) -> list[str]:
     return list(iter_files(source, ignore_spec(source)))
 
 
+RSYNC_IO_TIMEOUT_S = 120
+
+
 def _rsync(
     client: NodeClient, source: Path, remote_dir: str, on_progress: Callable[[str], None] | None
 ) -> SyncResult:
@@ -154,6 +162,7 @@ def _rsync(
             "rsync",
             "-rlptz",
             "--out-format=%i %n",
+            f"--timeout={RSYNC_IO_TIMEOUT_S}",  # no data moving for this long fails the sync
             "-e",
             shlex.join(ssh_command_for(client, known_hosts)),
             f"--rsync-path=mkdir -p {shlex.quote(remote_dir)} && rsync",
@@ -163,6 +172,11 @@ def _rsync(
             f"{client.node.ssh_host}:{remote_dir}/",
         ]
         proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode in (30, 35, 255) and "timeout" in proc.stderr.lower():
+        raise RemoteError(
+            f"rsync of {source} to node rank {client.node.rank} ({client.node.ssh_host}): no data moved "
+            f"for {RSYNC_IO_TIMEOUT_S}s: the node stopped answering"
+        )
     if proc.returncode != 0:
         raise RemoteError(
             f"rsync of {source} to node rank {client.node.rank} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"

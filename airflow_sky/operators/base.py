@@ -22,6 +22,9 @@ from airflow_sky.task.templating import protect_shell_syntax
 NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['internal_ip'] }}"
 
 
+RESULT_XCOM_KEY = "result"  # every run follow task's {"rank": r, "value": its return.json or None}
+
+
 def pull_announcements(context: Any, task_id: str) -> list[Any]:
     """Every `recovery` XCom the mapped `task_id` pushed so far.
 

@@ -8,7 +8,7 @@ from typing import Any
 from airflow_sky.errors import JobFailed
 from airflow_sky.gang.job import JobStatus
 from airflow_sky.gang.phases import set_status
-from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
 
 
 class SkyCollectOperator(SkyBaseOperator):
@@ -44,8 +44,9 @@ class SkyCollectOperator(SkyBaseOperator):
     def execute(self, context: Any) -> Any:
         handle = self.latest_handle(context)
         ti = context["ti"]
-        values = ti.xcom_pull(task_ids=self.run_follow_task_id, map_indexes=list(range(handle.num_run_nodes)))
-        ranks = list(values) if isinstance(values, list | tuple) else [values]
+        pushed = ti.xcom_pull(task_ids=[self.run_follow_task_id], key=RESULT_XCOM_KEY) or []
+        by_rank = {int(entry["rank"]): entry.get("value") for entry in pushed if isinstance(entry, dict)}
+        ranks = [by_rank.get(node.rank) for node in handle.run_nodes]
         ti.xcom_push(key="ranks", value=ranks)
         hook = self.hook(handle)
         if self.artifacts:

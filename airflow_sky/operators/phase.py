@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import conf
@@ -28,7 +29,7 @@ from airflow_sky.gang.recovery import (
 )
 from airflow_sky.gang.relaunch import claim_lead, current_nodes, relaunch
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.operators.base import SkyBaseOperator, pull_announcements
+from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator, pull_announcements
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
 
@@ -168,14 +169,22 @@ class SkyFollowOperator(_PhaseOperator):
                     self.log.error("%s: %s", e.status, e)
                     raise
                 if result.running:
-                    self._defer(handle, nodes, state, result.offset)
+                    self._defer(context, handle, nodes, state, result.offset)
                 if self.phase != "run":
                     return None
-                return read_result(clients[rank], handle, self._redact)
+                value = read_result(clients[rank], handle, self._redact)
+                # Under a key of its own too, pushed even when None: collect reads every rank's in one
+                # request (a per-index pull of a missing return value logs an error).
+                context["ti"].xcom_push(key=RESULT_XCOM_KEY, value={"rank": rank, "value": value})
+                return value
 
-    def _defer(self, handle: JobHandle, nodes: list[Any], state: RecoveryState, offset: int) -> None:
+    def _defer(
+        self, context: Any, handle: JobHandle, nodes: list[Any], state: RecoveryState, offset: int
+    ) -> None:
         self.log.info("Rank %s is running: waiting in the triggerer (no worker slot held)", self.node["rank"])
         self.defer(
+            # The phase's deadline holds across deferrals: what is left of execution_timeout since the start.
+            timeout=self._time_left(context),
             trigger=SkyFollowTrigger(
                 cluster_name=handle.cluster_name,
                 infra=handle.infra,
@@ -190,6 +199,12 @@ class SkyFollowOperator(_PhaseOperator):
             ),
             method_name="resume",
         )
+
+    def _time_left(self, context: Any) -> timedelta | None:
+        if self.execution_timeout is None:
+            return None
+        started = getattr(context["ti"], "start_date", None) or datetime.now(UTC)
+        return max(self.execution_timeout - (datetime.now(UTC) - started), timedelta(seconds=1))
 
     def on_kill(self) -> None:
         """The task was killed (or its run marked failed): stop this rank's processes on its node."""

@@ -5,14 +5,16 @@ there is something to act on: its own rank ended, a sibling failed or was lost, 
 answering. The follow task then resumes on a worker, where the same code as in the non-deferrable path
 decides (success, fail-fast, recovery) and, while the job runs on, defers again.
 
-SSH goes through the same paramiko clients as everywhere else, each call in a thread so the triggerer's
-event loop never blocks.
+SSH goes through the same paramiko clients as everywhere else, each call in a thread of this module's own
+bounded pool (never the event loop's default executor: a few unreachable nodes must not starve other
+triggers of threads), and each poll has a deadline: a node that does not answer in time wakes the task.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -22,6 +24,14 @@ from airflow_sky.gang.watch import RankWatch
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.infra.base import Node
 from airflow_sky.task.redaction import redactor
+
+# One thread per trigger in flight at most; past that, our triggers queue among themselves.
+_EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="airflow-sky-trigger")
+POLL_DEADLINE_S = 180.0  # one poll's SSH calls are bounded by their own timeouts (60 s each) well before
+
+
+async def _in_thread(call: Callable[[], Any]) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)
 
 
 class SkyFollowTrigger(BaseTrigger):
@@ -103,7 +113,11 @@ class SkyFollowTrigger(BaseTrigger):
         watch = self._watch()
         try:
             while True:
-                reason = await asyncio.to_thread(watch.poll)
+                try:
+                    reason = await asyncio.wait_for(_in_thread(watch.poll), POLL_DEADLINE_S)
+                except TimeoutError:
+                    # The task resumes on a worker, where the follow path decides about the silent node.
+                    reason = f"rank {self.rank}'s node did not answer within {POLL_DEADLINE_S:.0f}s"
                 if reason is not None:
                     yield TriggerEvent(
                         {"reason": reason, "generation": self.generation, "offset": watch.line_offset}
@@ -112,11 +126,11 @@ class SkyFollowTrigger(BaseTrigger):
                 if not watch.behind:
                     await asyncio.sleep(self.poll_interval_s)
         finally:
-            await asyncio.to_thread(watch.close)
+            await _in_thread(watch.close)
 
     async def on_kill(self) -> None:
         """The deferred task was marked failed or cleared: stop this rank's processes, as on_kill does."""
-        await asyncio.to_thread(self._kill)
+        await _in_thread(self._kill)
 
     def _kill(self) -> None:
         node = next(Node.from_dict(n) for n in self.nodes if int(n["rank"]) == self.rank)

@@ -136,6 +136,36 @@ def test_exec_jobs_get_increasing_ids_and_statuses_match_exit_codes(env, yamls, 
     assert "rank 2 of 3" in logs.stdout and "(setup worker2, rank=2" in logs.stdout
 
 
+def test_two_concurrent_execs_on_one_cluster_both_succeed_with_their_own_output(env, kept_cluster, tmp_path):
+    procs = {}
+    for tag in ("alpha", "beta"):
+        task = tmp_path / f"{tag}.yaml"
+        task.write_text(f'name: {tag}\nnum_nodes: 2\nrun: echo "{tag} on $SKYPILOT_NODE_RANK"; sleep 2\n')
+        procs[tag] = subprocess.Popen(
+            [*CLI, "exec", kept_cluster, str(task)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    outputs = {tag: proc.communicate(timeout=600)[0] for tag, proc in procs.items()}
+    for tag, other in (("alpha", "beta"), ("beta", "alpha")):
+        assert procs[tag].returncode == 0, outputs[tag]
+        assert f"{tag} on 0" in outputs[tag] and f"{tag} on 1" in outputs[tag], outputs[tag]
+        assert f"{other} on" not in outputs[tag]
+    assert launch_files(env) == []
+
+
+def test_exec_that_needs_more_nodes_than_the_cluster_has_is_refused_with_the_fix(env, yamls, kept_cluster):
+    refused = cli(env, "exec", kept_cluster, str(yamls / "two.yaml"), "--num-nodes", "4")
+    assert refused.returncode == 1
+    assert "has 3 node(s); the task needs 4" in refused.stderr
+    assert f"airflow-sky launch -c {kept_cluster}" in refused.stderr
+    assert "Provisioning" not in refused.stdout
+    row = next(line for line in cli(env, "status").stdout.splitlines() if kept_cluster in line)
+    assert [cell.strip() for cell in row.split("│")][2] == "3", row  # not grown to 4
+
+
 def test_cancel_of_a_sleeping_job_leaves_no_process_on_any_node(env, yamls, kept_cluster):
     started = cli(env, "exec", kept_cluster, str(yamls / "sleeper.yaml"), "--detach-run")
     assert started.returncode == 0, started.stdout + started.stderr

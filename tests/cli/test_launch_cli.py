@@ -33,12 +33,46 @@ run: |
 """
 
 
+SNOOP = """\
+name: snoop
+num_nodes: 2
+secrets:
+  TASK_SECRET: null
+run: |
+  env
+  echo "the secret is $TASK_SECRET"
+  [ "$SKYPILOT_NODE_RANK" = 1 ] && { echo "failing with $TASK_SECRET"; exit 3; }
+  sleep 30
+"""
+
+# What an Airflow worker's (or a developer's) shell holds: nothing of it may reach a node.
+LAUNCHER_CREDENTIALS = {
+    "AIRFLOW__CORE__FERNET_KEY": "fernet-of-the-launcher",
+    "AIRFLOW_CONN_WAREHOUSE": "postgres://etl:conn-password-of-the-launcher@db:5432/dw",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret-of-the-launcher",
+}
+
+
 @pytest.fixture(scope="module")
 def cli_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("AIRFLOW_HOME", None)
     env["AIRFLOW_SKY_AIRFLOW_HOME"] = str(tmp_path_factory.mktemp("cli-airflow"))
+    home = tmp_path_factory.mktemp("sky-home")
+    env["AIRFLOW_SKY_HOME"] = str(home)
+    env["AIRFLOW_SKY_SSH_CONFIG"] = str(home / "ssh_config")
     return env
+
+
+def ssh_entries(env: dict[str, str], cluster: str) -> list[Path]:
+    return sorted((Path(env["AIRFLOW_SKY_HOME"]) / "ssh").glob(f"{cluster}.*"))
+
+
+def launch_log(output: str) -> str:
+    """The launch's Airflow log (the task logs of the DAG run), named in the CLI's summary."""
+    marker = "Airflow log of this launch: "
+    path = output.split(marker, 1)[1].split()[0] if marker in output else ""
+    return Path(path).read_text() if path and Path(path).is_file() else ""
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -57,6 +91,11 @@ def test_launch_streams_node_logs_and_exits_zero_on_success(cli_env, tmp_path: P
     assert "SUCCEEDED" in out
     assert "Traceback" not in out + result.stderr
     assert daemon.processes_with_marker("cli-ok") == []
+    assert ssh_entries(cli_env, "cli-ok") == []  # --down leaves no ssh entry to a cluster that is gone
+    log = launch_log(out)
+    assert "Tearing down cluster cli-ok" in log
+    errors = [line for line in log.splitlines() if "[error" in line.lower() or " ERROR " in line]
+    assert errors == [], "a healthy run logged errors:\n" + "\n".join(errors)
 
 
 def test_failed_job_exits_nonzero_naming_the_rank(cli_env, tmp_path: Path):
@@ -86,13 +125,65 @@ def test_kept_cluster_takes_exec_then_goes_down(cli_env, tmp_path: Path):
         down = _cli(cli_env, "down", "cli-kept")
     assert down.returncode == 0
     assert daemon.processes_with_marker("cli-kept") == []
+    assert ssh_entries(cli_env, "cli-kept") == []
+
+
+def test_local_down_removes_the_ssh_entries_too(cli_env, tmp_path: Path):
+    (tmp_path / "one.yaml").write_text("name: one\nrun: echo one\n")
+    launched = _cli(cli_env, "launch", "-c", "cli-local-down", str(tmp_path / "one.yaml"), "-y")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert ssh_entries(cli_env, "cli-local-down") != []
+    assert _cli(cli_env, "local", "down", "cli-local-down").returncode == 0
+    assert ssh_entries(cli_env, "cli-local-down") == []
+    gone = _cli(cli_env, "down", "cli-local-down")
+    assert gone.returncode == 1 and "not found" in gone.stdout + gone.stderr
+
+
+def test_nothing_of_the_launchers_environment_reaches_a_node_and_the_secret_is_masked(
+    cli_env, tmp_path: Path
+):
+    (tmp_path / "snoop.yaml").write_text(SNOOP)
+    env = {**cli_env, **LAUNCHER_CREDENTIALS}
+    result = _cli(
+        env,
+        "launch",
+        "-c",
+        "cli-snoop",
+        str(tmp_path / "snoop.yaml"),
+        "--env",
+        "TASK_SECRET=tsk-s3cr3t",
+        "--down",
+        "-y",
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "the secret is ***" in out and "HOME=" in out  # both nodes printed their env
+    for value in LAUNCHER_CREDENTIALS.values():
+        assert value.split("@")[0].rsplit(":", 1)[-1] not in out
+    log = launch_log(result.stdout)
+    assert "failing with ***" in out  # the failure tail shown for rank 1 is masked too
+    assert "tsk-s3cr3t" not in out and log and "tsk-s3cr3t" not in log
+    assert daemon.processes_with_marker("cli-snoop") == []
+
+
+def test_unknown_infra_and_an_exec_that_needs_more_nodes_are_refused_before_any_work(cli_env, tmp_path: Path):
+    (tmp_path / "one.yaml").write_text("name: one\nrun: echo one\n")
+    for infra in ("locl", "aws"):
+        refused = _cli(
+            cli_env, "launch", "-c", "cli-noinfra", str(tmp_path / "one.yaml"), "--infra", infra, "-y"
+        )
+        assert refused.returncode != 0 and "Provisioning" not in refused.stdout
+        assert "unsupported cloud" in refused.stdout + refused.stderr
+    missing = _cli(cli_env, "exec", "cli-nowhere", str(tmp_path / "one.yaml"))
+    assert missing.returncode == 1 and "Provisioning" not in missing.stdout
 
 
 def test_exec_on_a_missing_cluster_fails_clearly(cli_env, tmp_path: Path):
     (tmp_path / "probe.yaml").write_text(PROBE)
     result = _cli(cli_env, "exec", "no-such-cluster", str(tmp_path / "probe.yaml"))
     assert result.returncode == 1
-    assert "cluster 'no-such-cluster' does not exist" in result.stdout
+    assert "cluster 'no-such-cluster' does not exist" in result.stdout + result.stderr
+    assert "airflow-sky launch -c no-such-cluster" in result.stdout + result.stderr
 
 
 def test_invalid_task_is_one_line_and_exit_two(cli_env, tmp_path: Path):

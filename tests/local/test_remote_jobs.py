@@ -106,9 +106,23 @@ def test_env_values_arrive_intact(local_cluster):
         _, code = _wait_done(client, "envcheck")
         assert code == 0
         assert json.loads(read_xcom(client, "envcheck") or b"null") == env
-        # The env file on the node is private, and no value reached a command line.
-        mode = client.exec("stat -c %a ~/.airflow_sky/jobs/envcheck/gen-0/env")[1].strip()
-        assert mode == b"600"
+        # The env file (secrets at rest) is gone once the job read it; its dir was private all along.
+        assert client.exec("test -e ~/.airflow_sky/jobs/envcheck/gen-0/env")[0] == 1
+        assert client.exec("stat -c %a ~/.airflow_sky/jobs/envcheck/gen-0")[1].strip() == b"700"
+
+
+def test_ended_job_dirs_beyond_the_kept_number_are_removed_when_a_job_starts(local_cluster, monkeypatch):
+    monkeypatch.setattr("airflow_sky.node.shell.KEPT_JOB_DIRS", 3)
+    _, nodes, key = local_cluster(1)
+    with NodeClient(nodes[0], key) as client:
+        start_job(client, "long", "sleep 30", {})
+        for n in range(5):
+            start_job(client, f"short{n}", "true", {})
+            _wait_done(client, f"short{n}")
+        kept = client.exec("ls -1 ~/.airflow_sky/jobs")[1].decode().split()
+        # The running job stays whatever its age; of the ended ones only the newest survive.
+        assert "long" in kept and "short4" in kept and "short0" not in kept and len(kept) <= 4
+        kill_job(client, "long", 0)
 
 
 def test_a_job_that_does_not_exist_reports_missing(local_cluster):
