@@ -63,13 +63,20 @@ def prepare_airflow() -> Path:
     """Point Airflow at the private home and migrate its DB on first use. Call before importing Airflow."""
     home = private_airflow_home()
     if "airflow" in sys.modules and os.environ.get("AIRFLOW_HOME") != str(home):
-        # Airflow read its configuration already (the caller imported it): run in the caller's Airflow.
-        from airflow.configuration import AIRFLOW_HOME, conf
-
-        Path(conf.get("core", "dags_folder")).mkdir(parents=True, exist_ok=True)
-        return Path(AIRFLOW_HOME)
+        # Airflow is bound to the caller's home (its DB, its dags folder): a launch DAG must not go there.
+        raise SkyError(
+            "the launch engine needs its private Airflow home, but this process imported Airflow for "
+            f"{os.environ.get('AIRFLOW_HOME') or '~/airflow'}: use airflow_sky.launch/exec, which then run "
+            "the engine in a process of its own"
+        )
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
+    # The private Airflow reads its own airflow.cfg: settings meant for the user's real Airflow (its DB
+    # URL, executor, dags folder) must not redirect it. Logging settings are kept.
+    for name in [
+        k for k in os.environ if k.startswith("AIRFLOW__") and not k.startswith("AIRFLOW__LOGGING__")
+    ]:
+        del os.environ[name]
     os.environ["AIRFLOW_HOME"] = str(home)
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
@@ -209,12 +216,16 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     lock = threading.RLock()  # events come from the runner and from the node-log thread
     phases = tuple(p for p, wanted in (("setup", options.setup), ("run", options.follow)) if wanted)
     node_logs: list[NodeLogs] = []
+    redact = task_redactor(task)
 
     def sink(event: events.Event) -> None:
         if event.kind == "task_started":
             _remove_launch_files()  # dag.test() parsed the DAG into its DB before the first task
+        if event.text and event.kind != "log":  # node log lines come redacted; errors may quote anything
+            event = dataclasses.replace(event, text=redact(event.text))
+        quiet = task.setup is None and event.step.startswith("setup_")  # no "Running setup" without one
         with lock:
-            for receive in listeners:
+            for receive in listeners[:1] if quiet else listeners:
                 receive(event)
             if event.kind == "job" and not node_logs and phases:
                 handle = JobHandle.from_dict(event.data)
@@ -224,7 +235,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
                         cluster,
                         handle,
                         sink,
-                        task_redactor(task),
+                        redact,
                         cast(tuple[Phase, ...], phases),
                     )
                 )

@@ -80,9 +80,13 @@ def run(
     task_file: str | None = None,
 ) -> JobOutcome:
     """Run a launch/exec to its end (or to its start with options.follow=False); the CLI's engine call."""
-    from airflow_sky.client.engine import prepare_airflow
+    from airflow_sky.client.engine_process import caller_runs_airflow, run_job_in_child
 
-    prepare_airflow()
+    in_child = caller_runs_airflow()  # an SDK call from inside Airflow (a task): never its DB or dags
+    if not in_child:
+        from airflow_sky.client.engine import prepare_airflow
+
+        prepare_airflow()
     from airflow_sky.client.engine import run_job
 
     _preflight(task, options, task_file or "TASK.yaml")
@@ -96,7 +100,7 @@ def run(
         if listener is not None:
             listener(event)
 
-    outcome = run_job(task, options, listener=on_event)
+    outcome = (run_job_in_child if in_child else run_job)(task, options, listener=on_event)
     if (
         options.down
         and outcome.job_id is not None

@@ -114,7 +114,7 @@ class NodeClient:
             if self._client is None or transport is None or not transport.is_active():
                 try:
                     self._client = self._hook.get_conn()
-                except (paramiko.SSHException, OSError) as e:
+                except (paramiko.SSHException, OSError, EOFError) as e:  # EOF: the node died mid-handshake
                     raise RemoteError(
                         f"cannot reach node rank {self.node.rank} at {self.node.ssh_host}:{self.node.ssh_port}: {e}"
                     ) from e

@@ -118,6 +118,8 @@ class SkyFollowTrigger(BaseTrigger):
                 except TimeoutError:
                     # The task resumes on a worker, where the follow path decides about the silent node.
                     reason = f"rank {self.rank}'s node did not answer within {POLL_DEADLINE_S:.0f}s"
+                except Exception as e:  # a failed trigger fails the task; the follow path can recover
+                    reason = f"watching rank {self.rank} failed: {type(e).__name__}: {e}"
                 if reason is not None:
                     yield TriggerEvent(
                         {"reason": reason, "generation": self.generation, "offset": watch.line_offset}

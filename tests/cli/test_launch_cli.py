@@ -191,3 +191,28 @@ def test_invalid_task_is_one_line_and_exit_two(cli_env, tmp_path: Path):
     result = _cli(cli_env, "launch", str(tmp_path / "bad.yaml"), "-y")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "num_nodes" in result.stderr
+
+
+def test_sdk_launch_from_a_process_running_airflow_never_writes_into_its_dags_folder(cli_env, tmp_path: Path):
+    # What a PythonOperator calling airflow_sky.launch looks like: Airflow imported, bound to its own home.
+    user_home = tmp_path / "user-airflow"
+    (user_home / "dags").mkdir(parents=True)
+    script = tmp_path / "from_a_task.py"
+    script.write_text(
+        "import airflow.configuration\n"
+        "import airflow_sky as sky\n"
+        "task = sky.Task(name='inner', run='echo inner says hi from $SKYPILOT_NODE_RANK')\n"
+        "job_id, handle = sky.launch(task, cluster_name='cli-inner', down=True)\n"
+        "print('STATUS', job_id, 'done')\n"
+    )
+    env = {**cli_env, "AIRFLOW_HOME": str(user_home), "AIRFLOW__CORE__DAGS_FOLDER": str(user_home / "dags")}
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "inner says hi from 0" in result.stdout and "STATUS 1 done" in result.stdout
+    assert list((user_home / "dags").iterdir()) == []  # no launch DAG in the caller's dags folder
+    assert not (user_home / "airflow.db").exists() or "sky_launch" not in (
+        user_home / "airflow.db"
+    ).read_bytes().decode(errors="replace")
+    assert daemon.processes_with_marker("cli-inner") == []

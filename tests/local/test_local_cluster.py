@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from airflow_sky.errors import RemoteError
 from airflow_sky.infra.base import NodeStatus, ProvisionRequest
 from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.cloud import LocalCloud
@@ -72,6 +76,13 @@ def test_wrong_host_key_is_refused(local_cluster):
         raise AssertionError("a node presenting another host key was accepted")
     finally:
         client.close()
+
+
+def test_a_node_without_a_pinned_host_key_is_refused_not_trusted_on_first_use(local_cluster):
+    _, nodes, key = local_cluster(1)
+    unpinned = dataclasses.replace(nodes[0], host_key=None)
+    with pytest.raises(RemoteError, match=r"no pinned host key.*learns a node's host key when it provisions"):
+        NodeClient(unpinned, key).exec("true")
 
 
 def test_provision_is_idempotent_and_grows_a_cluster(local_cluster):

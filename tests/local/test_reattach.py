@@ -29,7 +29,8 @@ FOLLOWER = textwrap.dedent(
 
 def test_killed_follower_is_retried_and_reattaches_to_the_one_running_job(local_cluster):
     name, nodes, key = local_cluster(2)
-    script = "echo started; sleep 4; echo ended"
+    # Sleeps until the test ends it (a fixed sleep could end before the check on a slow machine).
+    script = "echo started; sleep 600; echo ended"
     clients = [NodeClient(n, key) for n in nodes]
     try:
         assert all(start_job(c, "1-run", script, {}, 0).started for c in clients)
@@ -42,6 +43,7 @@ def test_killed_follower_is_retried_and_reattaches_to_the_one_running_job(local_
 
         # The retry: run_start again (attaches), then a new follower.
         assert [start_job(c, "1-run", script, {}, 0).started for c in clients] == [False, False]
+        all_sleeps = []
         for node in nodes:
             sleeps = [
                 p
@@ -49,10 +51,14 @@ def test_killed_follower_is_retried_and_reattaches_to_the_one_running_job(local_
                 if p.name() == "sleep"
             ]
             assert len(sleeps) == 1, f"rank {node.rank} runs {len(sleeps)} copies"
-        retry = subprocess.run(args, capture_output=True, text=True, timeout=120)
+            all_sleeps.extend(sleeps)
+        retry = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for sleep in all_sleeps:
+            sleep.terminate()  # the job goes on to `echo ended` and exits 0
+        out, err = retry.communicate(timeout=120)
     finally:
         for client in clients:
             client.close()
-    assert retry.returncode == 0, retry.stderr
-    assert retry.stdout.count("started") == 1 and "ended" in retry.stdout
-    assert retry.stdout.strip().endswith("EXIT 0")
+    assert retry.returncode == 0, err
+    assert out.count("started") == 1 and "ended" in out
+    assert out.strip().endswith("EXIT 0")
