@@ -94,7 +94,7 @@ class ClusterJobs:
         if status.is_terminal or status not in (JobStatus.SETTING_UP, JobStatus.RUNNING):
             return record
         phase: Phase = "setup" if status is JobStatus.SETTING_UP else "run"
-        codes = self._exit_codes(record, phase)
+        codes = self.exit_codes(record, phase)
         if any(code not in (None, 0) for code in codes.values()):
             failed = _PHASE_FAILED[phase]
             return queue.update_record(self.head, int(record["job_id"]), status=failed, exit_codes=codes)
@@ -104,18 +104,26 @@ class ClusterJobs:
             )
         return record
 
-    def _exit_codes(self, record: dict[str, Any], phase: Phase) -> dict[int, int | None]:
+    def exit_codes(self, record: dict[str, Any], phase: Phase) -> dict[int, int | None]:
+        """Each rank's exit code of the phase's current generation (None: running, or never started)."""
         job = f"{record['job_id']}-{phase}"
-        codes: dict[int, int | None] = {}
-        for rank in self.phase_ranks(record, phase):
-            client = self.client(rank)
+        return {rank: self.exit_code(rank, job) for rank in self.phase_ranks(record, phase)}
+
+    def exit_code(self, rank: int, job: str, generation: int | None = None) -> int | None:
+        """`rank`'s exit code of phase job `job` (its current generation unless given); lost counts as killed."""
+        client = self.client(rank)
+        if generation is None:
             generation = jobs.current_generation(client, job)
             if generation is None:
-                codes[rank] = None
-                continue
-            poll = jobs.poll_job(client, job, generation, 0, max_bytes=0)
-            codes[rank] = poll.exit_code if not poll.lost else KILLED_EXIT_CODE
-        return codes
+                return None
+        poll = jobs.poll_job(client, job, generation, 0, max_bytes=0)
+        return KILLED_EXIT_CODE if poll.lost else poll.exit_code
+
+    def drop_client(self, rank: int) -> None:
+        """Forget `rank`'s connection (it broke); the next call opens a new one."""
+        client = self._clients.pop(rank, None)
+        if client is not None:
+            client.close()
 
     # ---- cancel ----------------------------------------------------------------------------------------
 

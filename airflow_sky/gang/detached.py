@@ -4,8 +4,8 @@ Ctrl-C in `airflow-sky launch` ends the in-process DAG run wherever it is: betwe
 setup runs, before the run started. SkyPilot's job goes on to its end on the cluster whatever phase it was
 in, so the launcher hands the job to a background process that does what the DAG's remaining tasks would:
 start every rank of each phase not yet started (starts are idempotent), wait for the phase on every rank,
-stop the others when one fails (fail-fast) and record the job's end in the queue. Recovery from a lost node needs the DAG run's follow tasks: a detached job
-that loses a node fails.
+stop the others when one fails (fail-fast) and record the job's end in the queue. Recovery from a lost
+node needs the DAG run's follow tasks: a detached job that loses a node fails.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import logging
 import signal
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from airflow_sky.errors import RemoteError
 from airflow_sky.gang import queue
+from airflow_sky.gang.cluster_jobs import ClusterJobs
 from airflow_sky.gang.job import KILLED_EXIT_CODE, JobHandle, JobStatus, Phase
 from airflow_sky.gang.phases import record_failure, start_rank
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
-from airflow_sky.node.client import NodeClient
 from airflow_sky.task import Task
 
 log = logging.getLogger(__name__)
@@ -40,39 +41,24 @@ def drive(
     unreachable_s: float = UNREACHABLE_S,
 ) -> JobStatus:
     """Run the job's remaining `phases` to their end; returns the status recorded in the queue."""
-    driver = _Driver(cluster, handle, poll_interval_s, unreachable_s)
-    try:
-        return driver.run(task, phases)
-    finally:
-        driver.close()
+    with ClusterJobs(cluster) as cluster_jobs:
+        return _Driver(cluster_jobs, handle, poll_interval_s, unreachable_s).run(task, phases)
 
 
 class _Driver:
-    def __init__(self, cluster: Cluster, handle: JobHandle, poll_interval_s: float, unreachable_s: float):
-        self.cluster = cluster
+    def __init__(
+        self, cluster_jobs: ClusterJobs, handle: JobHandle, poll_interval_s: float, unreachable_s: float
+    ) -> None:
+        self.jobs = cluster_jobs
         self.handle = handle
         self.poll_interval_s = poll_interval_s
         self.unreachable_s = unreachable_s
-        self._clients: dict[int, NodeClient] = {}
-
-    def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
-
-    def client(self, rank: int) -> NodeClient:
-        if rank not in self._clients:
-            self._clients[rank] = self.cluster.client(self.handle.node(rank))
-        return self._clients[rank]
-
-    @property
-    def head(self) -> NodeClient:
-        return self.client(self.handle.nodes[0].rank)
 
     def run(self, task: Task, phases: Sequence[Phase]) -> JobStatus:
-        handle = self.handle
+        handle, head = self.handle, self.jobs.head
+        record: dict[str, Any] = {"job_id": handle.job_id, "num_nodes": handle.num_run_nodes}
         for phase in phases:
-            record = queue.read_record(self.head, handle.job_id) or {}
+            record = queue.read_record(head, handle.job_id) or record
             status = JobStatus(record.get("status", JobStatus.PENDING))
             if status.is_terminal:
                 log.info("Job %s is %s already: nothing left to drive", handle.job_id, status.value)
@@ -82,31 +68,23 @@ class _Driver:
             ranks = [n.rank for n in handle.phase_nodes(phase)]
             job = handle.remote_job_id(phase)
             if phase == "run" and status is not JobStatus.RUNNING:
-                queue.update_record(self.head, handle.job_id, status=JobStatus.RUNNING)
+                queue.update_record(head, handle.job_id, status=JobStatus.RUNNING)
             for rank in ranks:
-                if jobs.current_generation(self.client(rank), job) is None:
+                if jobs.current_generation(self.jobs.client(rank), job) is None:
                     log.info("Starting the %s on rank %d", phase, rank)
-                    start_rank(self.cluster, task, handle, phase, rank)
+                    start_rank(self.jobs.cluster, task, handle, phase, rank)
             failed = self._wait(job, ranks)
             if failed is not None:
                 rank, code = failed
                 log.info("Rank %d's %s exited with %d: stopping the others", rank, phase, code)
                 self._stop(job, [r for r in ranks if r != rank])
-                record_failure(self.head, handle, _FAILED[phase], rank, code)
-                queue.update_record(self.head, handle.job_id, exit_codes=self._exit_codes(job, ranks))
+                record_failure(head, handle, _FAILED[phase], rank, code)
+                queue.update_record(head, handle.job_id, exit_codes=self.jobs.exit_codes(record, phase))
                 return _FAILED[phase]
-        run_job = handle.remote_job_id("run")
-        codes = self._exit_codes(run_job, [n.rank for n in handle.run_nodes])
-        queue.update_record(self.head, handle.job_id, status=JobStatus.SUCCEEDED, exit_codes=codes)
+        codes = self.jobs.exit_codes(record, "run")
+        queue.update_record(head, handle.job_id, status=JobStatus.SUCCEEDED, exit_codes=codes)
         log.info("Job %s SUCCEEDED", handle.job_id)
         return JobStatus.SUCCEEDED
-
-    def _exit_codes(self, job: str, ranks: Sequence[int]) -> dict[int, int | None]:
-        codes: dict[int, int | None] = {}
-        for rank in ranks:
-            poll = jobs.poll_job(self.client(rank), job, self.handle.generation, 0, max_bytes=0)
-            codes[rank] = KILLED_EXIT_CODE if poll.lost else poll.exit_code
-        return codes
 
     def _wait(self, job: str, ranks: Sequence[int]) -> tuple[int, int] | None:
         """Wait until every rank ended: the first (rank, exit code) that failed, or None if all exited 0.
@@ -120,20 +98,18 @@ class _Driver:
                 if codes[rank] is not None:
                     continue
                 try:
-                    poll = jobs.poll_job(self.client(rank), job, self.handle.generation, 0, max_bytes=0)
+                    codes[rank] = self.jobs.exit_code(rank, job, self.handle.generation)
                 except RemoteError as e:
-                    dropped = self._clients.pop(rank, None)
-                    if dropped is not None:
-                        dropped.close()
+                    self.jobs.drop_client(rank)
                     since = unreachable_since.setdefault(rank, time.monotonic())
                     log.warning("Rank %d did not answer (%s)", rank, e)
                     if time.monotonic() - since > self.unreachable_s:
                         return rank, KILLED_EXIT_CODE
                     continue
                 unreachable_since.pop(rank, None)
-                codes[rank] = KILLED_EXIT_CODE if poll.lost else poll.exit_code
-                if codes[rank] not in (None, 0):
-                    return rank, int(codes[rank] or 0)
+                code = codes[rank]
+                if code is not None and code != 0:
+                    return rank, code
             if all(code == 0 for code in codes.values()):
                 return None
             time.sleep(self.poll_interval_s)
@@ -141,6 +117,8 @@ class _Driver:
     def _stop(self, job: str, ranks: Sequence[int]) -> None:
         for rank in ranks:
             try:
-                jobs.kill_job(self.client(rank), job, self.handle.generation, sig=signal.SIGTERM, grace_s=5.0)
+                jobs.kill_job(
+                    self.jobs.client(rank), job, self.handle.generation, sig=signal.SIGTERM, grace_s=5.0
+                )
             except RemoteError as e:
                 log.warning("Could not stop rank %d: %s", rank, e)
