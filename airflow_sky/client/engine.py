@@ -62,6 +62,8 @@ def private_airflow_home() -> Path:
 def prepare_airflow() -> Path:
     """Point Airflow at the private home and migrate its DB on first use. Call before importing Airflow."""
     home = private_airflow_home()
+    if _active.get("home") == home:
+        return home  # prepared already in this process (the SDK prepares before its pre-flight checks)
     if "airflow" in sys.modules and os.environ.get("AIRFLOW_HOME") != str(home):
         # Airflow is bound to the caller's home (its DB, its dags folder): a launch DAG must not go there.
         raise SkyError(
@@ -69,7 +71,12 @@ def prepare_airflow() -> Path:
             f"{os.environ.get('AIRFLOW_HOME') or '~/airflow'}: use airflow_sky.launch/exec, which then run "
             "the engine in a process of its own"
         )
-    dags = home / "dags"
+    # A dags folder per launching process: dag.test() parses its whole folder into the DB, and two launches
+    # at once (concurrent execs) parsing each other's DAG race on creating the same DAG rows.
+    for stale in (home / "dags").glob("launch-*"):
+        with contextlib.suppress(OSError):
+            stale.rmdir()  # only empty ones: a running launch's files are gone once parsed anyway
+    dags = home / "dags" / f"launch-{os.getpid()}-{secrets.token_hex(3)}"
     dags.mkdir(parents=True, exist_ok=True)
     # The private Airflow reads its own airflow.cfg: settings meant for the user's real Airflow (its DB
     # URL, executor, dags folder) must not redirect it. Logging settings are kept.
@@ -101,6 +108,7 @@ def prepare_airflow() -> Path:
                 f"could not initialize the private Airflow DB in {home}: {proc.stderr.strip()[-800:]}"
             )
         marker.touch()
+    _active["home"] = home
     return home
 
 
@@ -110,7 +118,7 @@ def dag_id_for(cluster_name: str) -> str:
 
 
 # The launch running in this process: its files (removed as soon as Airflow has parsed them, and on every
-# way out) and its log. A Ctrl-C handler reads it (see abandon_launch).
+# way out), its log and the Airflow home prepared for it. A Ctrl-C handler reads it (see abandon_launch).
 _active: dict[str, Any] = {}
 
 
@@ -132,6 +140,7 @@ def write_launch_files(task: Task, options: LaunchOptions) -> Path:
 
     dag_id = dag_id_for(options.cluster_name)
     dags = Path(conf.get("core", "dags_folder"))
+    dags.mkdir(parents=True, exist_ok=True)
     spec_path = dags / f"{dag_id}.json"
     dag_path = dags / f"{dag_id}.py"
     spec = {
@@ -255,7 +264,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
         for watcher in node_logs:
             watcher.stop()
         _remove_launch_files()
-        _active.clear()
+        _active.pop("log_file", None)
     return JobOutcome(
         succeeded=state == "success" and not recorder.failures,
         state=state,

@@ -230,7 +230,7 @@ def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, y
 def launch_files(env: dict[str, str]) -> list[Path]:
     """The DAG and spec files the CLI writes for a launch (the spec holds the task's secrets)."""
     dags = Path(env["AIRFLOW_SKY_HOME"]) / "airflow" / "dags"
-    return sorted(dags.glob("sky_launch_*")) if dags.is_dir() else []
+    return sorted(dags.rglob("sky_launch_*")) if dags.is_dir() else []
 
 
 def interrupt_and_reattach(
