@@ -59,6 +59,13 @@ def private_airflow_home() -> Path:
     return Path(configured) if configured else sky_home() / "airflow"
 
 
+def bind_private_home() -> None:
+    """Before anything imports Airflow without a launch (down, queue, logs...): point it at the private
+    home, so that importing the SSH provider never creates ~/airflow or reads a user's real Airflow."""
+    if "airflow" not in sys.modules:
+        os.environ["AIRFLOW_HOME"] = str(private_airflow_home())
+
+
 def prepare_airflow() -> Path:
     """Point Airflow at the private home and migrate its DB on first use. Call before importing Airflow."""
     home = private_airflow_home()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_sky.client import ssh_config
-from airflow_sky.client.engine import JobOutcome, LaunchOptions
+from airflow_sky.client.engine import JobOutcome, LaunchOptions, bind_private_home
 from airflow_sky.client.events import Event
 from airflow_sky.errors import ClusterError
 from airflow_sky.gang.job import JobHandle, JobStatus, sanitize_cluster_name
@@ -59,6 +59,7 @@ def infra_of(cluster_name: str, infra: str | None = None) -> str:
 
 def cluster_of(cluster_name: str, infra: str | None = None) -> Cluster:
     """The cluster `cluster_name` on the infra it was launched on (or `infra`)."""
+    bind_private_home()
     from airflow_sky.infra.registry import open_cluster
 
     return open_cluster(cluster_name, infra_of(cluster_name, infra))
@@ -253,6 +254,7 @@ def down(cluster_name: str) -> None:
 
 def status(cluster_names: Sequence[str] | None = None, infra: str = "local") -> list[dict[str, Any]]:
     """Clusters with their nodes: [{"name", "infra", "status": UP|...|NOT_FOUND, "nodes": [...]}]."""
+    bind_private_home()
     from airflow_sky.infra.registry import get_cloud
 
     cloud = get_cloud(infra)

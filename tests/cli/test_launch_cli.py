@@ -135,8 +135,11 @@ def test_local_down_removes_the_ssh_entries_too(cli_env, tmp_path: Path):
     assert ssh_entries(cli_env, "cli-local-down") != []
     assert _cli(cli_env, "local", "down", "cli-local-down").returncode == 0
     assert ssh_entries(cli_env, "cli-local-down") == []
-    gone = _cli(cli_env, "down", "cli-local-down")
+    home = tmp_path / "home"  # a user's home: `down` imports the SSH hook, and must not create ~/airflow
+    home.mkdir()
+    gone = _cli({**cli_env, "HOME": str(home)}, "down", "cli-local-down")
     assert gone.returncode == 1 and "not found" in gone.stdout + gone.stderr
+    assert not (home / "airflow").exists()
 
 
 def test_nothing_of_the_launchers_environment_reaches_a_node_and_the_secret_is_masked(

@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from airflow_sky.client.engine import bind_private_home
+
+    bind_private_home()  # the CLI never runs in a user's real Airflow, not even to import a hook
     try:
         return int(args.handler(args))
     except SkyError as e:
