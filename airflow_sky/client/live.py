@@ -20,6 +20,8 @@ from airflow.sdk.listener import get_listener_manager
 from airflow_sky.client.events import Event, Listener
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang.job import KILLED_EXIT_CODE, PHASES, JobHandle, Phase
+from airflow_sky.gang.phases import job_states
+from airflow_sky.gang.state import JobState
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
@@ -97,7 +99,7 @@ class _RankLog:
         self.next_check = 0.0
         self.new_generation = False  # set by a poll that moved on to a newer generation
 
-    def poll(self, client: NodeClient) -> bool:
+    def poll(self, client: NodeClient, state: JobState | None) -> bool:
         """Read what is new; return whether more is waiting right now.
 
         An ended setup log is looked at again only when asked (`next_check = 0`): setup runs again only on
@@ -112,9 +114,13 @@ class _RankLog:
                 self.next_check = now + _START_CHECK_S
             else:
                 self.next_check = now + _GENERATION_CHECK_S if self.phase == "run" else float("inf")
-            generation = jobs.current_generation(client, self.job_id)
-            if generation is None or (self.tail is not None and generation <= self.tail.generation):
+            if state is None:
                 return False
+            generation = state.generation if self.phase == "run" else state.setup_generation(self.rank)
+            if self.tail is not None and generation <= self.tail.generation:
+                return False
+            if jobs.poll_job(client, self.job_id, generation, 0, max_bytes=0).missing:
+                return False  # not started on its node yet
             self.new_generation = self.tail is not None
             self.tail = LogTail(client, self.job_id, generation, self.phase == "setup", self.emit, keep=0)
         self.tail.client = client  # a replaced node answers on a new connection
@@ -147,6 +153,7 @@ class NodeLogs:
         ]
         self._active: set[Phase] = set()
         self._nodes = {n.rank: n for n in handle.nodes}
+        self._states = job_states(cluster)
         self._clients: dict[int, NodeClient] = {}
         self._down_until: dict[int, float] = {}
         self._stop = threading.Event()
@@ -199,6 +206,7 @@ class NodeLogs:
 
     def _read_all(self, final: bool) -> bool:
         busy = False
+        state = self._states.get(self.handle.job_id)
         for log in self._logs:
             if log.phase not in self._active:
                 continue
@@ -208,7 +216,7 @@ class NodeLogs:
             if final:
                 log.next_check = 0.0
             try:
-                busy = log.poll(client) or busy
+                busy = log.poll(client, state) or busy
             except RemoteError:
                 self._lost(log.rank)
                 continue
@@ -231,6 +239,7 @@ class NodeLogs:
         """A node stopped answering: reconnect later, to the node the infra now has at that rank."""
         client = self._clients.pop(rank, None)
         if client is not None:
+            client.reset()
             client.close()
         self._down_until[rank] = time.monotonic() + _RECONNECT_S
         with contextlib.suppress(Exception):

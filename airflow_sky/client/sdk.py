@@ -1,7 +1,7 @@
 """The Python SDK, mirroring SkyPilot's: launch, exec, tail_logs, job_status, queue, cancel, down, status.
 
 Same engine as the CLI and the operators: launch/exec run the job's DAG in this process; the queue, logs
-and cancel read and act on the cluster itself (its head node's queue, its nodes' job records).
+and cancel read and act on the cluster itself (its job state, kept by the infra, and its nodes).
 """
 
 from __future__ import annotations

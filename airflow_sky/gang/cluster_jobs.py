@@ -1,12 +1,13 @@
-"""A cluster's jobs as `sky queue / logs / cancel` see them: the queue on the head, processes on the nodes.
+"""A cluster's jobs as `sky queue / logs / cancel` see them: the job state, and the processes on the nodes.
 
-The queue record's status is written by the Airflow tasks of a job. A job whose launcher detached has no
-task left to write its end, so reading the queue derives the status of unfinished jobs from the nodes'
-exit codes and records it.
+The job state (gang.state) is the one record of every job. A job whose launcher went away (a detached
+launch whose driver was killed) has no watcher left to write its end: reading the queue then takes the
+phase's watch for one round, so the status shown is the nodes' truth.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -14,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_sky.errors import ClusterError, RemoteError
-from airflow_sky.gang import queue
-from airflow_sky.gang.follow import CANCELLED_RANK
-from airflow_sky.gang.job import KILLED_EXIT_CODE, PHASES, JobStatus, Phase
+from airflow_sky.gang import state as js
+from airflow_sky.gang.job import PHASES, JobStatus, Phase
+from airflow_sky.gang.phases import job_states
+from airflow_sky.gang.watcher import PhaseWatcher, kill_ranks
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
@@ -24,17 +26,17 @@ from airflow_sky.node.client import NodeClient
 from airflow_sky.node.log_tail import LogTail
 from airflow_sky.node.logs import node_prefix
 
-_PHASE_FAILED = {"setup": JobStatus.FAILED_SETUP, "run": JobStatus.FAILED}
-
 
 class ClusterJobs:
-    """Jobs of one cluster. Opens one SSH connection per node, lazily; close() (or `with`) releases them."""
+    """Jobs of one cluster. Node connections are opened lazily; close() (or `with`) releases them."""
 
     # A job that stays INIT/PENDING this long while `logs` waits for it has no launcher left to start it.
     pending_limit_s: float = 900.0
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self.states = job_states(cluster)
+        self.owner = f"cli-{os.getpid()}-{threading.get_ident()}"
         self._nodes: list[Node] | None = None
         self._clients: dict[int, NodeClient] = {}
 
@@ -63,104 +65,104 @@ class ClusterJobs:
             self._clients[rank] = self.cluster.client(next(n for n in self.nodes if n.rank == rank))
         return self._clients[rank]
 
-    @property
-    def head(self) -> NodeClient:
-        return self.client(self.nodes[0].rank)
-
     # ---- queue -----------------------------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
         """Every job of the cluster, oldest first, with unfinished statuses brought up to date."""
-        return [self.refresh(record) for record in queue.list_records(self.head)]
+        self.nodes  # noqa: B018 - a cluster that does not exist is an error, not an empty queue
+        return [self.refresh(state).to_record() for state in self.states.all()]
+
+    def state(self, job_id: int | None = None) -> js.JobState:
+        """One job's state (the latest job when `job_id` is None), brought up to date."""
+        self.nodes  # noqa: B018
+        if job_id is None:
+            every = self.states.all()
+            if not every:
+                raise ClusterError(f"cluster {self.cluster.name!r} has no jobs yet")
+            return self.refresh(every[-1])
+        state = self.states.get(job_id)
+        if state is None:
+            raise ClusterError(f"cluster {self.cluster.name!r} has no job {job_id}")
+        return self.refresh(state)
 
     def record(self, job_id: int | None = None) -> dict[str, Any]:
-        """One job's record (the latest job when `job_id` is None), status brought up to date."""
-        if job_id is None:
-            records = queue.list_records(self.head)
-            if not records:
-                raise ClusterError(f"cluster {self.cluster.name!r} has no jobs yet")
-            return self.refresh(records[-1])
-        record = queue.read_record(self.head, job_id)
-        if record is None:
-            raise ClusterError(f"cluster {self.cluster.name!r} has no job {job_id}")
-        return self.refresh(record)
+        return self.state(job_id).to_record()
 
-    def phase_ranks(self, record: dict[str, Any], phase: Phase) -> list[int]:
-        ranks = [n.rank for n in self.nodes]
-        return ranks if phase == "setup" else ranks[: int(record.get("num_nodes") or len(ranks))]
+    @staticmethod
+    def phase_ranks(state: js.JobState, phase: Phase) -> list[int]:
+        ranks = sorted(int(n["rank"]) for n in state.nodes)
+        return ranks if phase == "setup" else ranks[: state.num_nodes]
 
-    def refresh(self, record: dict[str, Any]) -> dict[str, Any]:
-        status = JobStatus(record.get("status", JobStatus.INIT))
-        if status.is_terminal or status not in (JobStatus.SETTING_UP, JobStatus.RUNNING):
-            return record
-        phase: Phase = "setup" if status is JobStatus.SETTING_UP else "run"
-        codes = self.exit_codes(record, phase)
-        if any(code not in (None, 0) for code in codes.values()):
-            failed = _PHASE_FAILED[phase]
-            return queue.update_record(self.head, int(record["job_id"]), status=failed, exit_codes=codes)
-        if phase == "run" and codes and all(code == 0 for code in codes.values()):
-            return queue.update_record(
-                self.head, int(record["job_id"]), status=JobStatus.SUCCEEDED, exit_codes=codes
+    def refresh(self, state: js.JobState) -> js.JobState:
+        """A running job nobody watches (its launcher is gone): one watcher round writes the nodes' truth."""
+        if state.status not in (JobStatus.SETTING_UP, JobStatus.RUNNING) or not state.nodes:
+            return state
+        phase: Phase = "setup" if state.status is JobStatus.SETTING_UP else "run"
+        generation = state.generation if phase == "run" else 0
+        key = js.phase_key(phase, generation)
+        if state.watcher(key, time.time()) is not None:
+            return state
+        try:
+            state, _ = self.states.update(
+                state.job_id, lambda s: js.take_watch(s, key, self.owner, time.time())
             )
-        return record
-
-    def exit_codes(self, record: dict[str, Any], phase: Phase) -> dict[int, int | None]:
-        """Each rank's exit code of the phase's current generation (None: running, or never started)."""
-        job = f"{record['job_id']}-{phase}"
-        return {rank: self.exit_code(rank, job) for rank in self.phase_ranks(record, phase)}
-
-    def exit_code(self, rank: int, job: str, generation: int | None = None) -> int | None:
-        """`rank`'s exit code of phase job `job` (its current generation unless given); lost counts as killed."""
-        client = self.client(rank)
-        if generation is None:
-            generation = jobs.current_generation(client, job)
-            if generation is None:
-                return None
-        poll = jobs.poll_job(client, job, generation, 0, max_bytes=0)
-        return KILLED_EXIT_CODE if poll.lost else poll.exit_code
-
-    def drop_client(self, rank: int) -> None:
-        """Forget `rank`'s connection (it broke); the next call opens a new one."""
-        client = self._clients.pop(rank, None)
-        if client is not None:
-            client.close()
+            if state.watcher(key, time.time()) != self.owner:
+                return state
+            nodes = [n for n in job_nodes_of(state) if n.rank in self.phase_ranks(state, phase)]
+            watcher = PhaseWatcher(self.cluster, self.states, state.job_id, phase, generation, nodes)
+            try:
+                state = watcher.round(state)
+            finally:
+                watcher.close()
+            state, _ = self.states.update(state.job_id, lambda s: js.drop_watch(s, key, self.owner))
+        except RemoteError:
+            pass  # the status stays as recorded
+        return state
 
     # ---- cancel ----------------------------------------------------------------------------------------
 
     def cancel(self, job_ids: list[int] | None = None, all_jobs: bool = False) -> list[int]:
-        """Kill the jobs' process groups on every node and mark them CANCELLED; returns the ids cancelled."""
-        records = queue.list_records(self.head)
+        """Mark the jobs CANCELLED and kill their process groups on every node; returns the ids cancelled."""
+        every = self.states.all()
         if all_jobs:
-            targets = [r for r in records if not JobStatus(r.get("status", "INIT")).is_terminal]
+            targets = [s for s in every if not s.status.is_terminal]
         elif job_ids:
-            known = {int(r["job_id"]): r for r in records}
+            known = {s.job_id: s for s in every}
             missing = [j for j in job_ids if j not in known]
             if missing:
                 raise ClusterError(f"cluster {self.cluster.name!r} has no job {', '.join(map(str, missing))}")
             targets = [known[j] for j in job_ids]
         else:
-            unfinished = [r for r in records if not JobStatus(r.get("status", "INIT")).is_terminal]
-            targets = unfinished[-1:]
+            targets = [s for s in every if not s.status.is_terminal][-1:]
         cancelled = []
-        for record in targets:
-            if JobStatus(record.get("status", "INIT")).is_terminal:
+        for target in targets:
+            state, changed = self.states.update(
+                target.job_id, lambda s: js.cancel(s, "cancelled (airflow-sky cancel)", time.time())
+            )
+            if not changed:
                 continue
-            self._kill(record)
-            queue.update_record(self.head, int(record["job_id"]), status=JobStatus.CANCELLED)
-            cancelled.append(int(record["job_id"]))
+            self._kill(state)
+            cancelled.append(state.job_id)
         return cancelled
 
-    def _kill(self, record: dict[str, Any]) -> None:
+    def _kill(self, state: js.JobState) -> None:
+        """Every rank of every phase, whoever else watches: a cancel must not wait for a watcher round."""
+        nodes = {n.rank: n for n in job_nodes_of(state)}
         for phase in PHASES:
-            job = f"{record['job_id']}-{phase}"
-            head_generation = jobs.current_generation(self.head, job)
-            if head_generation is not None:
-                jobs.record_failure(self.head, job, head_generation, CANCELLED_RANK, 128 + signal.SIGTERM)
-            for rank in self.phase_ranks(record, phase):
-                client = self.client(rank)
-                generation = jobs.current_generation(client, job)
-                if generation is not None:
-                    jobs.kill_job(client, job, generation, sig=signal.SIGTERM, grace_s=5.0)
+            generations = {0, state.generation}
+            ranks = self.phase_ranks(state, phase)
+            with self.cluster.clients(
+                [nodes[r] for r in ranks if r in nodes], conn_retry_attempts=1
+            ) as clients:
+                for generation in sorted(generations):
+                    kill_ranks(
+                        clients,
+                        f"{state.job_id}-{phase}",
+                        generation,
+                        sig=signal.SIGTERM,
+                        grace_s=5.0,
+                        record_exit_code=128 + signal.SIGTERM,
+                    )
 
     # ---- logs ------------------------------------------------------------------------------------------
 
@@ -168,42 +170,42 @@ class ClusterJobs:
         self, job_id: int | None, emit: Callable[[int, str], None], follow: bool = True
     ) -> dict[str, Any]:
         """Print the job's setup then run logs, node-prefixed; with `follow`, until the job ends."""
-        record = self.record(job_id)
+        state = self.state(job_id)
         for phase in PHASES:
-            ranks = self.phase_ranks(record, phase)
+            ranks = self.phase_ranks(state, phase)
             threads = [
-                threading.Thread(
-                    target=self._tail_node, args=(record, phase, rank, emit, follow), daemon=True
-                )
+                threading.Thread(target=self._tail_node, args=(state, phase, rank, emit, follow), daemon=True)
                 for rank in ranks
             ]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-        return self.record(int(record["job_id"]))
+        return self.record(state.job_id)
 
     def _tail_node(
-        self, record: dict[str, Any], phase: Phase, rank: int, emit: Callable[[int, str], None], follow: bool
+        self, state: js.JobState, phase: Phase, rank: int, emit: Callable[[int, str], None], follow: bool
     ) -> None:
-        job = f"{record['job_id']}-{phase}"
-        node = next(n for n in self.nodes if n.rank == rank)
-        client = self.cluster.client(node)  # its own connection: tails run in parallel threads
+        job = f"{state.job_id}-{phase}"
+        node = next((n for n in job_nodes_of(state) if n.rank == rank), None) or next(
+            n for n in self.nodes if n.rank == rank
+        )
+        client = self.cluster.client(node)
         tail: LogTail | None = None
         waiting_since = time.monotonic()
         try:
             while True:
                 if tail is None:
-                    generation = jobs.current_generation(client, job)
+                    generation = self._started_generation(state, phase, rank, client)
                     if (
                         generation is None
                     ):  # not started (yet, or never: exec has no setup, a failed setup no run)
-                        status = self._status(record)
+                        status = self._status(state)
                         if not follow or _phase_over(status, phase):
                             return
                         if status in (JobStatus.INIT, JobStatus.PENDING):
                             if time.monotonic() - waiting_since > self.pending_limit_s:
-                                emit(rank, self._stuck_message(record, node, phase, status))
+                                emit(rank, self._stuck_message(state, node, phase, status))
                                 return
                         else:
                             waiting_since = time.monotonic()
@@ -225,12 +227,21 @@ class ClusterJobs:
         finally:
             client.close()
 
-    def _status(self, record: dict[str, Any]) -> JobStatus:
-        current = queue.read_record(self.head, int(record["job_id"])) or record
-        return JobStatus(current.get("status", "INIT"))
+    def _status(self, state: js.JobState) -> JobStatus:
+        current = self.states.get(state.job_id)
+        return current.status if current else state.status
 
-    def _stuck_message(self, record: dict[str, Any], node: Node, phase: Phase, status: JobStatus) -> str:
-        job_id = record["job_id"]
+    def _started_generation(
+        self, state: js.JobState, phase: Phase, rank: int, client: NodeClient
+    ) -> int | None:
+        """The generation of `rank`'s phase job to show (the job state's), once it has started on the node."""
+        current = self.states.get(state.job_id) or state
+        generation = current.generation if phase == "run" else current.setup_generation(rank)
+        poll = jobs.poll_job(client, f"{state.job_id}-{phase}", generation, 0, max_bytes=0)
+        return None if poll.missing else generation
+
+    def _stuck_message(self, state: js.JobState, node: Node, phase: Phase, status: JobStatus) -> str:
+        job_id = state.job_id
         name = self.cluster.name
         return (
             f"{node_prefix(node.rank, None, node.internal_ip, phase == 'setup')} [job {job_id} has been "
@@ -244,3 +255,7 @@ def _phase_over(status: JobStatus, phase: Phase) -> bool:
     if phase == "setup":
         return status not in (JobStatus.INIT, JobStatus.PENDING, JobStatus.SETTING_UP)
     return status.is_terminal
+
+
+def job_nodes_of(state: js.JobState) -> list[Node]:
+    return [Node.from_dict(n) for n in state.nodes]

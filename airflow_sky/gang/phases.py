@@ -8,12 +8,13 @@ import dataclasses
 import json
 import math
 import signal
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from airflow_sky.errors import ClusterError, JobFailed, RemoteError
-from airflow_sky.gang import queue
+from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
@@ -36,11 +37,14 @@ class StartResult:
     pid: int | None
     started: bool  # False: attached to a start that happened before (a retried task), or nothing to start
     lost: bool = False  # the node is gone: recovery is the run follow tasks' job
+    skipped: str | None = None  # why nothing was started (the job ended, or a relaunch took over)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"rank": self.rank, "pid": self.pid, "started": self.started}
         if self.lost:
             data["lost"] = True
+        if self.skipped:
+            data["skipped"] = self.skipped
         return data
 
 
@@ -79,48 +83,54 @@ def check_exec_nodes(cluster_name: str, infra: str, nodes: list[Node], num_nodes
         )
 
 
+def job_states(cluster: Cluster) -> js.JobStates:
+    """The cluster's job states, in its infra's store."""
+    return js.JobStates(cluster.state_store())
+
+
 def register_job(cluster: Cluster, task: Task, nodes: list[Node], submit_key: str) -> JobHandle:
-    """Allocate the job's id in the cluster's queue (a retried provision gets the same id and TASK_ID)."""
+    """Allocate the job's id in the cluster's job state (a retried provision gets the same id and TASK_ID)."""
     if len(nodes) < task.num_nodes:
         raise ClusterError(f"cluster {cluster.name} has {len(nodes)} nodes; the task needs {task.num_nodes}")
-    submitted_at = datetime.now(UTC)
-    with cluster.client(nodes[0]) as head:
-        job_id, created = queue.allocate_job(
-            head,
-            submit_key,
-            {
-                "name": task.name,
-                "submitted_at": submitted_at.isoformat(),
-                "submit_key": submit_key,
-                "num_nodes": task.num_nodes,
-                "cluster_name": cluster.name,
-                "infra": cluster.infra,
-            },
+    states = job_states(cluster)
+    state, _ = states.allocate(
+        submit_key,
+        {
+            "name": task.name,
+            "submitted_at": datetime.now(UTC).isoformat(),
+            "submit_key": submit_key,
+            "num_nodes": task.num_nodes,
+            "cluster_name": cluster.name,
+            "infra": cluster.infra,
+        },
+    )
+    submitted_at = datetime.fromisoformat(state.info["submitted_at"])
+    sky_task_id = state.info.get("sky_task_id") or envs.make_task_id(cluster.name, state.job_id, submitted_at)
+
+    def registered(current: js.JobState) -> js.JobState:
+        if current.nodes:
+            raise js.Unchanged  # a retried provision: the job keeps its nodes and generation
+        return dataclasses.replace(
+            current,
+            status=JobStatus.PENDING,
+            info={**current.info, "sky_task_id": sky_task_id},
+            nodes=tuple(n.to_dict() for n in nodes),
         )
-        if not created:
-            record = queue.read_record(head, job_id) or {}
-            submitted_at = datetime.fromisoformat(record.get("submitted_at", submitted_at.isoformat()))
-        sky_task_id = envs.make_task_id(cluster.name, job_id, submitted_at)
-        queue.update_record(head, job_id, sky_task_id=sky_task_id, status=JobStatus.PENDING)
+
+    state, _ = states.update(state.job_id, registered)
     return JobHandle(
         cluster_name=cluster.name,
         infra=cluster.infra,
-        job_id=job_id,
+        job_id=state.job_id,
         sky_task_id=sky_task_id,
-        nodes=tuple(nodes),
+        nodes=tuple(Node.from_dict(n) for n in state.nodes),
         num_run_nodes=task.num_nodes,
     )
 
 
-def set_status(cluster: Cluster, handle: JobHandle, status: JobStatus, **fields: Any) -> None:
-    """Record the job's status (and any other fields) in the queue on its head node."""
-    with cluster.client(handle.nodes[0]) as head:
-        queue.update_record(head, handle.job_id, status=status, **fields)
-
-
-def record_failure(head: NodeClient, handle: JobHandle, status: JobStatus, rank: int, exit_code: int) -> None:
-    """Record in the queue (on the open connection `head`) which rank failed the job, and how."""
-    queue.update_record(head, handle.job_id, status=status, failed_rank=rank, failed_exit_code=exit_code)
+def set_status(cluster: Cluster, handle: JobHandle, status: JobStatus) -> None:
+    """Move the job's status forward in the job state (a terminal job stays as it ended)."""
+    job_states(cluster).update(handle.job_id, lambda s: js.set_status(s, status, time.time()))
 
 
 def check_run_nodes(cluster: Cluster, handle: JobHandle) -> None:
@@ -145,12 +155,26 @@ def start_rank(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ra
     script = task.setup if phase == "setup" else task.run
     if script is None:
         return StartResult(rank, None, started=False)
+    states = job_states(cluster)
+    state = states.require(handle.job_id)
+    if state.status.is_terminal or state.generation > handle.generation or state.relaunch is not None:
+        # Ended, or relaunched: a relaunch's leader starts every rank of the new generation itself, and
+        # a late start of an old generation must never run again next to it.
+        return StartResult(
+            rank,
+            None,
+            started=False,
+            skipped=f"the job is {state.status.value}"
+            if state.status.is_terminal
+            else f"generation {state.generation} is led by its relaunch",
+        )
     node = handle.node(rank)
     env = phase_env(cluster, task, handle, phase, rank)
+    status = JobStatus.SETTING_UP if phase == "setup" else JobStatus.RUNNING
+    if state.status is not status:
+        states.update(handle.job_id, lambda s: js.set_status(s, status, time.time()))
     try:
         with cluster.client(node) as client:
-            if phase == "setup" and rank == handle.nodes[0].rank:
-                queue.update_record(client, handle.job_id, status=JobStatus.SETTING_UP)
             start = jobs.start_job(client, handle.remote_job_id(phase), script, env, handle.generation)
     except RemoteError:
         if phase != "run" or rank not in cluster.unhealthy_ranks([node]):

@@ -15,12 +15,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Sequence
-from typing import Any
 
 from airflow_sky.task import JobRecovery
 
 DEFAULT_MAX_RECOVERIES = 3
-RECOVERY_XCOM_KEY = "recovery"  # pushed by the leading run follow task: the job's latest generation
 
 
 class Action(enum.StrEnum):
@@ -31,31 +29,11 @@ class Action(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class RecoveryState:
-    """How often the job was relaunched so far; travels in the leader's `recovery` XCom."""
+    """How often the job was relaunched so far (read from the job state)."""
 
     generation: int = 0
     recoveries: int = 0
     restarts: int = 0
-    nodes: tuple[dict[str, Any], ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "generation": self.generation,
-            "recoveries": self.recoveries,
-            "restarts": self.restarts,
-            "nodes": list(self.nodes),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> RecoveryState:
-        if not data:
-            return cls()
-        return cls(
-            generation=int(data.get("generation", 0)),
-            recoveries=int(data.get("recoveries", 0)),
-            restarts=int(data.get("restarts", 0)),
-            nodes=tuple(data.get("nodes") or ()),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,20 +69,3 @@ def decide(
             f"restart {state.restarts + 1} of job_recovery.max_restarts_on_errors={policy.max_restarts_on_errors}",
         )
     return Decision(Action.FAIL, f"exit code {exit_code}")
-
-
-def next_state(state: RecoveryState, action: Action, nodes: Sequence[dict[str, Any]]) -> RecoveryState:
-    """The state after a relaunch (generation + 1)."""
-    return RecoveryState(
-        generation=state.generation + 1,
-        recoveries=state.recoveries + (1 if action is Action.RECOVER else 0),
-        restarts=state.restarts + (1 if action is Action.RESTART else 0),
-        nodes=tuple(nodes),
-    )
-
-
-def latest_announced(values: Any) -> RecoveryState:
-    """The newest generation among the `recovery` XComs of the run follow tasks (whichever led)."""
-    items = values if isinstance(values, list | tuple) else [values]
-    states = [RecoveryState.from_dict(v) for v in items if v]
-    return max(states, key=lambda s: s.generation, default=RecoveryState())

@@ -1,104 +1,191 @@
-"""The leader's side of a recovery: replace lost nodes, re-sync and set them up, relaunch every rank.
+"""The relaunch of a job as generation + 1: who leads it, and what the leader does.
 
-Exactly one task leads (the run follow task of the head rank); the others wait for the new generation
-it announces through its `recovery` XCom. Same SKYPILOT_TASK_ID, new SKYPILOT_NODE_IPS, and
-AIRFLOW_SKY_RECOVERY_COUNT = the new generation.
+A fault the recovery policy relaunches leaves a claim in the job state (gang.state.claim_relaunch). Every
+run follower that sees it calls `follow_relaunch`: one of them becomes the leader by compare-and-swap and
+does the work; the others wait for the new generation. A leader sends heartbeats; one that goes silent
+(its task was killed, its worker died) is taken over, and every step of the work is idempotent (starts per
+generation, replacement of whatever is down, setup on whatever was replaced), so the new leader finishes
+what the old one began. A retried leader task has the same owner name and resumes its own claim at once.
+
+Same SKYPILOT_TASK_ID, new SKYPILOT_NODE_IPS, and AIRFLOW_SKY_RECOVERY_COUNT = the new generation.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 
-from airflow_sky.errors import JobFailed, RemoteError
-from airflow_sky.gang import queue
-from airflow_sky.gang.follow import kill_ranks
+from airflow_sky.errors import JobFailed
+from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus
 from airflow_sky.gang.phases import phase_env
-from airflow_sky.gang.recovery import Action, Decision, RecoveryState, next_state
-from airflow_sky.infra.base import Node
+from airflow_sky.gang.watcher import kill_ranks, parallel
+from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.node import jobs, shell
-from airflow_sky.node.client import NodeClient
+from airflow_sky.node import jobs
 from airflow_sky.node.files import upload_task_files
 from airflow_sky.node.log_tail import LogTail
 from airflow_sky.task import Task
 
 _SETUP_TIMEOUT_S = 3600.0
+HEARTBEAT_S = 5.0
+WAIT_POLL_S = 1.0
 
 
-def current_nodes(handle: JobHandle, state: RecoveryState) -> tuple[Node, ...]:
-    """The job's nodes as of the latest generation (the provisioned ones until a recovery replaced some)."""
-    return tuple(Node.from_dict(n) for n in state.nodes) if state.nodes else handle.nodes
+def job_nodes(handle: JobHandle, state: js.JobState | None) -> tuple[Node, ...]:
+    """The job's nodes as of its current generation (the provisioned ones until a recovery replaced some)."""
+    if state is not None and state.nodes:
+        return tuple(Node.from_dict(n) for n in state.nodes)
+    return handle.nodes
 
 
-def claim_lead(cluster: Cluster, handle: JobHandle, state: RecoveryState, rank: int) -> bool:
-    """Exactly one follower leads a relaunch, whatever order a runner starts them in.
+def current_handle(handle: JobHandle, state: js.JobState | None) -> JobHandle:
+    """`handle` moved to the job's current generation and nodes."""
+    if state is None:
+        return handle
+    return dataclasses.replace(handle, nodes=job_nodes(handle, state), generation=state.generation)
 
-    The claim is an atomic mkdir on the lowest-ranked node that is still up; when none is, the head rank's
-    follower leads.
+
+def follow_relaunch(
+    cluster: Cluster,
+    states: js.JobStates,
+    task: Task,
+    handle: JobHandle,
+    generation: int,
+    owner: str,
+    log: Callable[[str], None],
+) -> js.JobState:
+    """Lead or wait for the relaunch past `generation`; returns the state of the generation to follow.
+
+    Raises JobFailed when the job ended instead (cancelled, or the relaunch failed).
     """
-    nodes = current_nodes(handle, state)
-    run_ranks = {n.rank for n in handle.run_nodes}
-    bad = set(cluster.unhealthy_ranks(nodes))
-    healthy = [n for n in nodes if n.rank in run_ranks and n.rank not in bad]
-    if not healthy:
-        return rank == min(run_ranks)
-    try:
-        with cluster.client(healthy[0]) as client:
-            rc, out, _ = client.exec(
-                shell.claim_command(handle.remote_job_id("run"), state.generation + 1), timeout=60
+    announced = False
+    while True:
+        state = states.require(handle.job_id)
+        if state.status.is_terminal:
+            raise JobFailed(
+                f"job {handle.job_id} is {state.status.value} (while relaunching)",
+                status="CANCELLED" if state.cancelled else state.status.value,
             )
-    except RemoteError:
-        return rank == min(run_ranks)
-    return rc == 0 and out.decode().strip() == "won"
+        if state.generation > generation and state.relaunch is None:
+            return state
+        if state.relaunch is not None:
+            state, won = states.update(handle.job_id, lambda s: js.lead_relaunch(s, owner, time.time()))
+            if won or (state.relaunch is not None and state.relaunch.leader == owner):
+                return _lead(cluster, states, task, handle, state, owner, log)
+            if not announced:
+                log(f"Waiting for the relaunch led by {state.relaunch.leader if state.relaunch else '?'}")
+                announced = True
+        time.sleep(WAIT_POLL_S)
 
 
-def relaunch(
+def _lead(
+    cluster: Cluster,
+    states: js.JobStates,
+    task: Task,
+    handle: JobHandle,
+    state: js.JobState,
+    owner: str,
+    log: Callable[[str], None],
+) -> js.JobState:
+    claim = state.relaunch
+    assert claim is not None
+    stop = threading.Event()
+    beating = threading.Thread(target=_beat, args=(states, handle.job_id, owner, stop), daemon=True)
+    beating.start()
+    try:
+        nodes = _relaunch(cluster, task, handle, state, claim, log)
+    except JobFailed as e:
+        failure, now = e, time.time()
+        states.update(
+            handle.job_id,
+            lambda s: js.phase_failed(
+                s, "run", state.generation, failure.rank or 0, failure.exit_code or 1, str(failure), now
+            ),
+        )
+        raise
+    finally:
+        stop.set()
+        beating.join(timeout=10)
+    replaced = [
+        n.rank for n in nodes if n.instance_id != _by_rank(job_nodes(handle, state))[n.rank].instance_id
+    ]
+    new, won = states.update(
+        handle.job_id,
+        lambda s: js.relaunched(s, owner, [n.to_dict() for n in nodes], replaced, time.time()),
+    )
+    if not won and new.generation < claim.target:
+        raise JobFailed(f"job {handle.job_id}: the relaunch was taken over or ended ({new.status.value})")
+    log(
+        f"Job {handle.job_id} relaunched as generation {claim.target} on "
+        + ", ".join(n.internal_ip for n in nodes[: handle.num_run_nodes])
+    )
+    return new
+
+
+def _beat(states: js.JobStates, job_id: int, owner: str, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        try:
+            _, alive = states.update(job_id, lambda s: js.heartbeat(s, owner, time.time()))
+        except Exception:
+            continue
+        if not alive:
+            return
+
+
+def _by_rank(nodes: tuple[Node, ...] | list[Node]) -> dict[int, Node]:
+    return {n.rank: n for n in nodes}
+
+
+def _relaunch(
     cluster: Cluster,
     task: Task,
     handle: JobHandle,
-    state: RecoveryState,
-    decision: Decision,
+    state: js.JobState,
+    claim: js.Relaunch,
     log: Callable[[str], None],
-) -> RecoveryState:
-    """Stop the current generation, replace lost nodes (RECOVER), start generation + 1 on every rank."""
-    nodes = {n.rank: n for n in current_nodes(handle, state)}
+) -> list[Node]:
+    """Stop generation g, replace nodes that are down, set the new ones up, start g + 1 on every rank."""
+    old = _by_rank(job_nodes(handle, state))
     run_ranks = [n.rank for n in handle.run_nodes]
     job_id = handle.remote_job_id("run")
-    log(f"Relaunching job {handle.job_id} ({decision.action.value}: {decision.reason})")
-    with cluster.clients(list(nodes.values())) as clients:
-        kill_ranks({r: clients[r] for r in run_ranks}, job_id, state.generation)
-
-    replaced: list[Node] = []
-    if decision.action is Action.RECOVER:
-        for rank in cluster.unhealthy_ranks(list(nodes.values())):
-            log(f"Replacing the node of rank {rank} ({nodes[rank].internal_ip}, {nodes[rank].instance_id})")
-            new = cluster.replace(rank)
-            log(f"rank {rank} is now {new.internal_ip} ({new.instance_id})")
-            nodes[rank] = new
-            replaced.append(new)
-    new_state = next_state(state, decision.action, [nodes[r].to_dict() for r in sorted(nodes)])
-    new_handle = dataclasses.replace(
-        handle, nodes=tuple(nodes[r] for r in sorted(nodes)), generation=new_state.generation
+    log(
+        f"Relaunching job {handle.job_id} as generation {claim.target} ({claim.action.value}: {claim.reason})"
     )
+    with cluster.clients([old[r] for r in run_ranks], conn_retry_attempts=1) as clients:
+        kill_ranks(clients, job_id, state.generation)
 
+    live = _by_rank(cluster.nodes())
+    nodes = dict(old)
+    for rank, node in old.items():
+        current = live.get(rank)
+        if current is not None and current.status is NodeStatus.RUNNING:
+            nodes[rank] = current  # replaced already by a leader before this one, or never down
+            continue
+        log(f"Replacing the node of rank {rank} ({node.internal_ip}, {node.instance_id})")
+        nodes[rank] = cluster.replace(rank)
+        log(f"rank {rank} is now {nodes[rank].internal_ip} ({nodes[rank].instance_id})")
+    new_handle = dataclasses.replace(
+        handle, nodes=tuple(nodes[r] for r in sorted(nodes)), generation=claim.target
+    )
+    replaced = [nodes[r] for r in sorted(nodes) if nodes[r].instance_id != old[r].instance_id]
     for node in replaced:
         with cluster.client(node) as client:
             upload_task_files(client, task, log)
         if task.setup:
             _run_setup(cluster, task, new_handle, node, log)
 
-    with cluster.clients(list(new_handle.run_nodes)) as clients:
-        for node in new_handle.run_nodes:
+    run_nodes = list(new_handle.run_nodes)
+    with cluster.clients(run_nodes) as clients:
+
+        def start(node: Node) -> None:
             env = phase_env(cluster, task, new_handle, "run", node.rank)
-            jobs.start_job(clients[node.rank], job_id, task.run or "", env, new_state.generation)
-        _record(clients[new_handle.run_nodes[0].rank], new_handle, new_state, task)
-    log(
-        f"Job {handle.job_id} relaunched as generation {new_state.generation} on {', '.join(n.internal_ip for n in new_handle.run_nodes)}"
-    )
-    return new_state
+            jobs.start_job(clients[node.rank], job_id, task.run or "", env, claim.target)
+
+        parallel([lambda n=n: start(n) for n in run_nodes])  # type: ignore[misc]
+    return list(new_handle.nodes)
 
 
 def _run_setup(
@@ -127,23 +214,3 @@ def _run_setup(
     raise JobFailed(
         f"setup on the replacement node of rank {node.rank} timed out", status=JobStatus.FAILED_SETUP.value
     )
-
-
-def _record(head: NodeClient, handle: JobHandle, state: RecoveryState, task: Task) -> None:
-    """Bring the queue record up to date; a replaced head starts with an empty queue, so recreate it there."""
-    try:
-        existing = queue.read_record(head, handle.job_id)
-        fields = {
-            "status": JobStatus.RUNNING,
-            "generation": state.generation,
-            "recoveries": state.recoveries,
-            "restarts": state.restarts,
-        }
-        if existing is None:
-            fields.update(
-                {"name": task.name, "num_nodes": handle.num_run_nodes, "sky_task_id": handle.sky_task_id}
-            )
-            queue.recreate_record(head, handle.job_id)
-        queue.update_record(head, handle.job_id, **fields)
-    except RemoteError:
-        pass  # the record is informational; the job itself runs

@@ -10,11 +10,12 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
+from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.record import Node, NodeStatus
 from airflow_sky.task import Resources
 from airflow_sky.task.envs import ClusterInfo
 
-__all__ = ["Cloud", "ClusterInfo", "Node", "NodeStatus", "ProvisionRequest"]
+__all__ = ["Cloud", "ClusterInfo", "Node", "NodeStatus", "ProvisionRequest", "StateStore"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,10 @@ class Cloud(abc.ABC):
     @abc.abstractmethod
     def ssh_private_key(self, cluster_name: str) -> str:
         """Path of the private key that opens the cluster's nodes."""
+
+    @abc.abstractmethod
+    def state_store(self, cluster_name: str) -> StateStore:
+        """Where the cluster's job state lives: kept by the infra, surviving the loss of any node."""
 
     def clusters(self) -> Sequence[str]:
         """Names of the clusters this infra knows about."""

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.client import NodeClient
 from airflow_sky.task import Resources
 
@@ -70,6 +71,10 @@ class Cluster:
 
     def info(self) -> ClusterInfo:
         return self.cloud.cluster_info(self.name)
+
+    def state_store(self) -> StateStore:
+        """Where the cluster's job state lives (kept by the infra, not on any node)."""
+        return self.cloud.state_store(self.name)
 
     @property
     def key_file(self) -> str:

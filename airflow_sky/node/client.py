@@ -85,8 +85,72 @@ class NodeSSHHook(SSHHook):
         return client
 
 
+class _Connection:
+    """One SSH transport (and its SFTP channel) to one node, shared by every NodeClient of this process.
+
+    Sharing bounds the connections a process holds to one per node whatever its threads do (the CLI's log
+    view, a phase watcher and a rank's follower all talk to a node over the same transport), and saves the
+    handshake when one task follows another. Counted: the last NodeClient to let go closes it.
+    """
+
+    def __init__(self, hook: NodeSSHHook, node: Node) -> None:
+        self.hook = hook
+        self.node = node
+        self.users = 0
+        self.lock = threading.Lock()
+        # One SFTP channel serves every thread; paramiko's SFTP client is not safe for concurrent requests.
+        self.sftp_lock = threading.RLock()
+        self.client: paramiko.SSHClient | None = None
+        self.sftp: paramiko.SFTPClient | None = None
+
+    def ssh(self) -> paramiko.SSHClient:
+        with self.lock:
+            transport = self.client.get_transport() if self.client else None
+            if self.client is None or transport is None or not transport.is_active():
+                try:
+                    self.client = self.hook.get_conn()
+                except (paramiko.SSHException, OSError, EOFError) as e:  # EOF: the node died mid-handshake
+                    raise RemoteError(
+                        f"cannot reach node rank {self.node.rank} at {self.node.ssh_host}:{self.node.ssh_port}: {e}"
+                    ) from e
+                self.sftp = None
+            return self.client
+
+    def open_sftp(self) -> paramiko.SFTPClient:
+        client = self.ssh()
+        with self.lock:
+            if self.sftp is None:
+                self.sftp = client.open_sftp()
+                # Every SFTP request waits at most this long for the node's answer (a hung node fails the
+                # operation instead of the task waiting forever).
+                self.sftp.get_channel().settimeout(SFTP_TIMEOUT_S)  # type: ignore[union-attr]
+            return self.sftp
+
+    def reset(self) -> None:
+        """Drop the transport (it broke, or a node stopped answering); the next use opens a new one."""
+        with self.lock:
+            if self.sftp is not None:
+                with contextlib.suppress(Exception):
+                    self.sftp.close()
+            if self.client is not None:
+                with contextlib.suppress(Exception):
+                    self.client.close()
+            self.sftp = None
+            self.client = None
+
+
+_CONNECTIONS: dict[tuple[Any, ...], _Connection] = {}
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def open_connections() -> int:
+    """How many node connections this process holds open now (for tests and benchmarks)."""
+    with _CONNECTIONS_LOCK:
+        return sum(1 for c in _CONNECTIONS.values() if c.client is not None)
+
+
 class NodeClient:
-    """Exec, streaming exec and SFTP on one node over one reused connection. Thread-safe for exec."""
+    """Exec, streaming exec and SFTP on one node over this process's shared connection to it. Thread-safe."""
 
     def __init__(
         self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3
@@ -94,11 +158,9 @@ class NodeClient:
         self.node = node
         self.key_file = key_file
         self._hook = NodeSSHHook(node, key_file, conn_timeout, conn_retry_attempts)
-        self._lock = threading.Lock()
-        # One SFTP channel serves every thread; paramiko's SFTP client is not safe for concurrent requests.
-        self._sftp_lock = threading.RLock()
-        self._client: paramiko.SSHClient | None = None
-        self._sftp: paramiko.SFTPClient | None = None
+        self._key = (node.ssh_host, node.ssh_port, node.ssh_user, node.host_key, node.instance_id, key_file)
+        self._held: _Connection | None = None
+        self._hold_lock = threading.Lock()
         self.remote_has_rsync: bool | None = None  # learned by the first sync over this client
 
     def __enter__(self) -> NodeClient:
@@ -107,41 +169,42 @@ class NodeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _connection(self) -> _Connection:
+        with self._hold_lock:
+            if self._held is None:
+                with _CONNECTIONS_LOCK:
+                    connection = _CONNECTIONS.get(self._key)
+                    if connection is None:
+                        connection = _CONNECTIONS[self._key] = _Connection(self._hook, self.node)
+                    connection.users += 1
+                self._held = connection
+            return self._held
+
     @property
     def ssh(self) -> paramiko.SSHClient:
-        with self._lock:
-            transport = self._client.get_transport() if self._client else None
-            if self._client is None or transport is None or not transport.is_active():
-                try:
-                    self._client = self._hook.get_conn()
-                except (paramiko.SSHException, OSError, EOFError) as e:  # EOF: the node died mid-handshake
-                    raise RemoteError(
-                        f"cannot reach node rank {self.node.rank} at {self.node.ssh_host}:{self.node.ssh_port}: {e}"
-                    ) from e
-                self._sftp = None
-            return self._client
+        return self._connection().ssh()
 
     @property
     def sftp(self) -> paramiko.SFTPClient:
-        client = self.ssh
-        with self._lock:
-            if self._sftp is None:
-                self._sftp = client.open_sftp()
-                # Every SFTP request waits at most this long for the node's answer (a hung node fails the
-                # operation instead of the task waiting forever).
-                self._sftp.get_channel().settimeout(SFTP_TIMEOUT_S)  # type: ignore[union-attr]
-            return self._sftp
+        return self._connection().open_sftp()
+
+    def reset(self) -> None:
+        """Reconnect on the next call (for every user of the shared connection: it is broken or hung)."""
+        self._connection().reset()
 
     def close(self) -> None:
-        with self._lock:
-            if self._sftp is not None:
-                with contextlib.suppress(Exception):
-                    self._sftp.close()
-            if self._client is not None:
-                with contextlib.suppress(Exception):
-                    self._client.close()
-            self._sftp = None
-            self._client = None
+        """Let go of the shared connection; the last user closes it."""
+        with self._hold_lock:
+            connection, self._held = self._held, None
+        if connection is None:
+            return
+        with _CONNECTIONS_LOCK:
+            connection.users -= 1
+            last = connection.users <= 0
+            if last:
+                _CONNECTIONS.pop(self._key, None)
+        if last:
+            connection.reset()
 
     def exec(
         self, command: str, stdin: bytes | IO[bytes] | None = None, timeout: float | None = 120
@@ -199,17 +262,17 @@ class NodeClient:
     @contextlib.contextmanager
     def _sftp_call(self, operation: str) -> Iterator[paramiko.SFTPClient]:
         """One SFTP operation: a node that stops answering fails it with a RemoteError naming it."""
-        with self._sftp_lock:
+        with self._connection().sftp_lock:
             try:
                 yield self.sftp
             except TimeoutError as e:
-                self.close()  # the channel is out of step with the server now
+                self.reset()  # the channel is out of step with the server now
                 raise RemoteError(
                     f"{operation} on node rank {self.node.rank} ({self.node.ssh_host}): no answer within "
                     f"{SFTP_TIMEOUT_S:.0f}s"
                 ) from e
             except (paramiko.SSHException, EOFError) as e:
-                self.close()
+                self.reset()
                 raise RemoteError(
                     f"{operation} on node rank {self.node.rank} ({self.node.ssh_host}): {e}"
                 ) from e

@@ -26,12 +26,15 @@ class LogTail:
         emit: Callable[[str], None],
         offset: int = 0,
         keep: int = 20,
+        wait_for_start: bool = False,
     ) -> None:
         self.client = client
         self.job_id = job_id
         self.generation = generation
         self.offset = offset
         self.ended = False
+        # A job not started yet is one to wait for (its start task may run after this reader), not an end.
+        self.wait_for_start = wait_for_start
         self._setup = setup
         self._emit = emit
         self._prefix = self._prefix_for(None)
@@ -50,6 +53,8 @@ class LogTail:
             self._prefix = self._prefix_for(poll.pid)
         self._lines.feed(poll.data)
         self.offset = poll.next_offset
+        if poll.missing and self.wait_for_start:
+            return poll
         if poll.missing or (not poll.running and poll.caught_up):
             self._lines.flush()
             self.ended = True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,9 +10,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.log import mask_secret
 
 from airflow_sky.gang.job import JobHandle
-from airflow_sky.gang.recovery import RECOVERY_XCOM_KEY, latest_announced
+from airflow_sky.gang.phases import job_states
+from airflow_sky.gang.relaunch import current_handle
 from airflow_sky.hooks.cluster import SkyClusterHook
-from airflow_sky.infra.base import Node
 from airflow_sky.task import Task
 from airflow_sky.task.redaction import sensitive_values
 from airflow_sky.task.templating import protect_shell_syntax
@@ -23,15 +22,6 @@ NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['interna
 
 
 RESULT_XCOM_KEY = "result"  # every run follow task's {"rank": r, "value": its return.json or None}
-
-
-def pull_announcements(context: Any, task_id: str) -> list[Any]:
-    """Every `recovery` XCom the mapped `task_id` pushed so far.
-
-    One request for all map indexes: pulling index by index logs an error-level "XCom not found" for every
-    rank that announced nothing, which is every rank of a healthy run.
-    """
-    return list(context["ti"].xcom_pull(task_ids=[task_id], key=RECOVERY_XCOM_KEY) or [])
 
 
 class SkyBaseOperator(BaseOperator):
@@ -63,14 +53,9 @@ class SkyBaseOperator(BaseOperator):
         return JobHandle.from_dict(self.cluster)
 
     def latest_handle(self, context: Any) -> JobHandle:
-        """The job as of its latest generation: a recovery may have replaced nodes since provisioning."""
+        """The job as of its current generation (the job state): a recovery may have replaced nodes."""
         handle = self.handle()
-        announced = pull_announcements(context, f"{self.group_prefix}run_follow")
-        state = latest_announced(announced)
-        if state.generation <= handle.generation or not state.nodes:
-            return handle
-        nodes = tuple(Node.from_dict(n) for n in state.nodes)
-        return dataclasses.replace(handle, nodes=nodes, generation=state.generation)
+        return current_handle(handle, job_states(self.hook(handle).cluster).get(handle.job_id))
 
     def hook(self, handle: JobHandle) -> SkyClusterHook:
         return SkyClusterHook(handle.cluster_name, handle.infra, self.conn_id)

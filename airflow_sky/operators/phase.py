@@ -1,4 +1,4 @@
-"""Setup and run, each a pair of mapped tasks: a quick start (detached) and a follow (log + gang watch).
+"""Setup and run, each a pair of mapped tasks: a quick start (detached) and a follow (log + job state).
 
 Starting every node before any task waits is what lets `airflow dags test`, which runs task instances one
 after another, run N nodes in the time of one, and keeps torchrun's rank 0 from waiting on a rank 1 that
@@ -7,6 +7,7 @@ has not started.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -15,25 +16,22 @@ from typing import Any
 
 from airflow.sdk import conf
 
-from airflow_sky.errors import JobFailed
-from airflow_sky.gang.follow import GangFollower, Relaunch
+from airflow_sky.gang import state as js
+from airflow_sky.gang.follow import RankFollower, Step, Wake
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
-from airflow_sky.gang.phases import kill_rank, read_result, record_failure, start_rank
-from airflow_sky.gang.recovery import (
-    DEFAULT_MAX_RECOVERIES,
-    RECOVERY_XCOM_KEY,
-    Decision,
-    RecoveryState,
-    decide,
-    latest_announced,
-)
-from airflow_sky.gang.relaunch import claim_lead, current_nodes, relaunch
-from airflow_sky.infra.cluster import Cluster
-from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator, pull_announcements
+from airflow_sky.gang.phases import job_states, kill_rank, read_result, start_rank
+from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
+from airflow_sky.gang.relaunch import follow_relaunch, job_nodes
+from airflow_sky.gang.watcher import Triage, fail_always, recovery_triage
+from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
 
-_WAIT_FOR_LEADER_S = 1800.0
+POLL_INTERVAL_S = 0.5
+# Follow in the worker this long before deferring: a short phase then never defers. Airflow 3.3 can fail a
+# task whose trigger fires before the scheduler has processed the deferring attempt's exit (apache/airflow
+# #66374, #71580, #72716); the trigger's own minimum wait (SkyFollowTrigger.min_wait_s) covers the rest.
+DEFER_AFTER_S = 30.0
 
 
 class _PhaseOperator(SkyBaseOperator):
@@ -69,7 +67,9 @@ class SkyStartOperator(_PhaseOperator):
         if self.script is None:
             self.log.info("The task has no %s section; nothing to start on rank %d", self.phase, rank)
         start = start_rank(self.hook(handle).cluster, self.sky_task, handle, self.phase, rank)
-        if start.lost:
+        if start.skipped:
+            self.log.info("Nothing started on rank %d: %s", rank, start.skipped)
+        elif start.lost:
             # Preempted between provisioning and now: recovering is the run follow tasks' job.
             self.log.warning(
                 "The node of rank %d is gone (%s): the run follow tasks will recover the job",
@@ -88,18 +88,22 @@ class SkyStartOperator(_PhaseOperator):
 
 
 class SkyFollowOperator(_PhaseOperator):
-    """Streams one node's log into the task log and ends with the node's exit code.
+    """Streams one node's log into the task log and ends with the phase's verdict for that node.
 
-    Also watches the other nodes of the phase: when one fails, the rest are killed (exit code 137) and every
-    follow task fails naming the rank and exit code that caused it. In the run phase, a lost node (or an
-    exit code the task's job_recovery allows) relaunches the job instead: the head rank's follow task leads
-    (airflow_sky.gang.relaunch), the others follow the new generation. Returns the JSON the job wrote to
+    The follow tasks of a phase share one watcher (gang.watcher: whichever of them holds its lease reads
+    every rank's exit and writes the verdict into the job state); each task reads its own node and that
+    record. When a rank fails, the rest are killed (exit code 137) and every follow task fails naming the
+    rank and exit code that caused it. In the run phase, a lost node (or an exit code the task's
+    job_recovery allows) relaunches the job instead: one follow task leads by compare-and-swap on the job
+    state (gang.relaunch), the others follow the new generation. Returns the JSON the job wrote to
     $AIRFLOW_SKY_XCOM_DIR/return.json on its node (None when absent) in the run phase.
 
     :param max_recoveries: relaunches allowed for lost nodes and recover_on_exit_codes (default 3).
     :param deferrable: wait in the triggerer while the rank runs (airflow_sky.triggers.SkyFollowTrigger),
         holding no worker slot; the task resumes on a worker only to act on an ending, a failure or a lost
         node. Default: `[operators] default_deferrable`.
+    :param defer_after_s: with `deferrable`, follow in the worker this long first: a phase that ends sooner
+        never defers (a short phase is where Airflow's resume-after-defer race bites).
     """
 
     ui_color = "#b3e5fc"
@@ -109,78 +113,111 @@ class SkyFollowOperator(_PhaseOperator):
         *,
         max_recoveries: int = DEFAULT_MAX_RECOVERIES,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        defer_after_s: float = DEFER_AFTER_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_recoveries = max_recoveries
         self.deferrable = deferrable
+        self.defer_after_s = defer_after_s
 
     def execute(self, context: Any) -> Any:
         self.mask_secrets()
         if self.script is None:
             return None
         handle = self.handle()
-        return self._follow(context, handle, self._announced_state(context, handle), offset=0)
+        return self._follow(context, handle, self._generation(handle), offset=0)
 
     def resume(self, context: Any, event: dict[str, Any]) -> Any:
         """Back from the triggerer: something happened (or the trigger moved); act on it, or defer again."""
         self.mask_secrets()
         handle = self.handle()
-        state = self._announced_state(context, handle)
+        generation = self._generation(handle)
         self.log.info("Resumed: %s", event.get("reason", "the trigger fired"))
-        # A newer generation than the trigger's was announced: its log starts at 0.
-        offset = int(event.get("offset", 0)) if int(event.get("generation", -1)) == state.generation else 0
-        return self._follow(context, handle, state, offset)
+        # A newer generation than the trigger's runs now: its log starts at 0.
+        offset = int(event.get("offset", 0)) if int(event.get("generation", -1)) == generation else 0
+        return self._follow(context, handle, generation, offset, deferred_before=True)
 
-    def _follow(self, context: Any, handle: JobHandle, state: RecoveryState, offset: int) -> Any:
+    def _generation(self, handle: JobHandle) -> int:
+        """The generation to follow: setup has one; the run is at the job state's (a relaunch moves it)."""
+        if self.phase != "run":
+            return handle.generation
+        state = job_states(self.hook(handle).cluster).get(handle.job_id)
+        return max(state.generation, handle.generation) if state else handle.generation
+
+    def lease_owner(self, context: Any) -> str:
+        """Who holds a watch lease or leads a relaunch: this task instance, whatever its try (a retry resumes)."""
+        ti = context["ti"]
+        return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{getattr(ti, 'map_index', -1)}"
+
+    def _follow(
+        self, context: Any, handle: JobHandle, generation: int, offset: int, deferred_before: bool = False
+    ) -> Any:
         rank = int(self.node["rank"])
         cluster = self.hook(handle).cluster
+        states = job_states(cluster)
+        owner = self.lease_owner(context)
+        started = time.monotonic()
         while True:
+            state = states.get(handle.job_id)
             phase_ranks = {p.rank for p in handle.phase_nodes(self.phase)}
-            nodes = [n for n in current_nodes(handle, state) if n.rank in phase_ranks]
-            self._following = (cluster, nodes, state.generation)
-            with cluster.clients(nodes, conn_retry_attempts=1) as clients:
-                follower = GangFollower(
-                    job_id=handle.remote_job_id(self.phase),
-                    generation=state.generation,
-                    rank=rank,
-                    clients=clients,
-                    emit=self._log,
-                    setup=self.phase == "setup",
-                    failed_status=self.failed_status.value,
-                    # The queue lives on the current head: a recovery may have replaced the first one.
-                    on_failure=functools.partial(
-                        record_failure, clients[nodes[0].rank], handle, self.failed_status
-                    ),
-                    triage=self._triage(context, cluster, handle, state, nodes)
-                    if self.phase == "run"
-                    else None,
-                    start_offset=offset,
-                    until_quiet=self.deferrable,
-                    redact=self._redact,
-                )
-                try:
-                    result = follower.run()
-                except Relaunch as relaunching:
-                    state = self._next_generation(context, cluster, handle, state, relaunching)
-                    offset = 0
+            nodes = [n for n in job_nodes(handle, state) if n.rank in phase_ranks]
+            self._following = (cluster, nodes, generation, states, handle.job_id)
+            follower = RankFollower(
+                cluster,
+                states,
+                handle.job_id,
+                self.phase,
+                generation,
+                rank,
+                nodes,
+                owner,
+                emit=self._log,
+                triage=self._triage() if self.phase == "run" else fail_always,
+                start_offset=offset,
+                redact=self._redact,
+            )
+            try:
+                step = self._until_step(context, follower, handle, started, deferred_before)
+                if step.wake is Wake.RELAUNCH:
+                    self.log.info("%s", step.reason)
+                    state = follow_relaunch(
+                        cluster, states, self.sky_task, handle, generation, owner, self._log
+                    )
+                    generation, offset = state.generation, 0
                     continue
-                except JobFailed as e:
-                    self.log.error("%s: %s", e.status, e)
-                    raise
-                if result.running:
-                    self._defer(context, handle, nodes, state, result.offset)
+                follower.release_watch()
+                if step.wake is Wake.FAILED:
+                    assert step.error is not None
+                    self.log.error("%s: %s", step.error.status, step.error)
+                    raise step.error
                 if self.phase != "run":
                     return None
-                value = read_result(clients[rank], handle, self._redact)
-                # Under a key of its own too, pushed even when None: collect reads every rank's in one
-                # request (a per-index pull of a missing return value logs an error).
-                context["ti"].xcom_push(key=RESULT_XCOM_KEY, value={"rank": rank, "value": value})
-                return value
+                value = read_result(follower.own, handle, self._redact)
+            finally:
+                follower.close()
+            # Under a key of its own too, pushed even when None: collect reads every rank's in one request
+            # (a per-index pull of a missing return value logs an error).
+            context["ti"].xcom_push(key=RESULT_XCOM_KEY, value={"rank": rank, "value": value})
+            return value
 
-    def _defer(
-        self, context: Any, handle: JobHandle, nodes: list[Any], state: RecoveryState, offset: int
-    ) -> None:
+    def _until_step(
+        self, context: Any, follower: RankFollower, handle: JobHandle, started: float, deferred_before: bool
+    ) -> Step:
+        while True:
+            step = follower.step()
+            if step is not None:
+                return step
+            waited = time.monotonic() - started
+            if self.deferrable and not follower.behind and (deferred_before or waited >= self.defer_after_s):
+                offset, generation = follower.line_offset, follower.generation
+                nodes = list(follower.watcher.nodes.values())
+                follower.close()
+                self._defer(context, handle, nodes, generation, offset)
+            if not follower.behind:
+                time.sleep(POLL_INTERVAL_S)
+
+    def _defer(self, context: Any, handle: JobHandle, nodes: list[Any], generation: int, offset: int) -> None:
         self.log.info("Rank %s is running: waiting in the triggerer (no worker slot held)", self.node["rank"])
         self.defer(
             # The phase's deadline holds across deferrals: what is left of execution_timeout since the start.
@@ -191,10 +228,13 @@ class SkyFollowOperator(_PhaseOperator):
                 conn_id=self.conn_id,
                 nodes=[n.to_dict() for n in nodes],
                 rank=int(self.node["rank"]),
-                job_id=handle.remote_job_id(self.phase),
-                generation=state.generation,
+                job_id=handle.job_id,
+                phase=self.phase,
+                generation=generation,
+                owner=self.lease_owner(context),
                 offset=offset,
-                setup=self.phase == "setup",
+                job_recovery=self.sky_task.job_recovery.to_dict() if self.phase == "run" else None,
+                max_recoveries=self.max_recoveries,
                 secrets=sensitive_values(self.sky_task),
             ),
             method_name="resume",
@@ -207,57 +247,29 @@ class SkyFollowOperator(_PhaseOperator):
         return max(self.execution_timeout - (datetime.now(UTC) - started), timedelta(seconds=1))
 
     def on_kill(self) -> None:
-        """The task was killed (or its run marked failed): stop this rank's processes on its node."""
+        """The task was killed (marked failed, or past its timeout): the job is cancelled, never relaunched.
+
+        Writing CANCELLED into the job state makes the phase's watcher stop every rank; this rank is
+        stopped here too, at once.
+        """
         following = getattr(self, "_following", None)
         if following is None:
             return
-        cluster, nodes, generation = following
+        cluster, nodes, generation, states, job_id = following
         rank = int(self.node["rank"])
+        self.log.info("Task killed: cancelling job %s (every rank is stopped)", job_id)
+        with contextlib.suppress(Exception):
+            states.update(
+                job_id, lambda s: js.cancel(s, f"the follow task of rank {rank} was killed", time.time())
+            )
         node = next((n for n in nodes if n.rank == rank), None)
-        if node is None:
-            return
-        self.log.info("Killing rank %d's processes on %s", rank, node.internal_ip)
-        kill_rank(cluster, self.handle().remote_job_id(self.phase), node, generation)
+        if node is not None:
+            kill_rank(cluster, self.handle().remote_job_id(self.phase), node, generation)
 
     # ---- recovery ----------------------------------------------------------------------------------
 
-    def _announced_state(self, context: Any, handle: JobHandle) -> RecoveryState:
-        """The latest generation the leader announced (none yet: the provisioned one)."""
-        if self.phase != "run":
-            return RecoveryState(generation=handle.generation)
-        announced = pull_announcements(context, self.task_id)
-        state = latest_announced(announced)
-        return state if state.generation >= handle.generation else RecoveryState(generation=handle.generation)
-
-    def _triage(
-        self, context: Any, cluster: Cluster, handle: JobHandle, state: RecoveryState, nodes: list[Any]
-    ) -> Any:
-        def triage(rank: int, code: int | None) -> Decision | None:
-            if self._announced_state(context, handle).generation > state.generation:
-                return None  # the leader relaunched already: follow the new generation
-            bad = cluster.unhealthy_ranks(nodes)
-            return decide(bad, code, self.sky_task.job_recovery, state, self.max_recoveries)
-
-        return triage
-
-    def _next_generation(
-        self, context: Any, cluster: Cluster, handle: JobHandle, state: RecoveryState, relaunching: Relaunch
-    ) -> RecoveryState:
-        if relaunching.decision is not None and claim_lead(cluster, handle, state, int(self.node["rank"])):
-            new_state = relaunch(cluster, self.sky_task, handle, state, relaunching.decision, self._log)
-            context["ti"].xcom_push(key=RECOVERY_XCOM_KEY, value=new_state.to_dict())
-            return new_state
-        self.log.info("Waiting for the head rank's task to relaunch the job (%s)", relaunching)
-        deadline = time.monotonic() + _WAIT_FOR_LEADER_S
-        while time.monotonic() < deadline:
-            announced = self._announced_state(context, handle)
-            if announced.generation > state.generation:
-                return announced
-            time.sleep(2.0)
-        raise JobFailed(
-            f"rank {self.node['rank']}: no relaunch after {_WAIT_FOR_LEADER_S:.0f}s ({relaunching})",
-            status=self.failed_status.value,
-        )
+    def _triage(self) -> Triage:
+        return recovery_triage(self.sky_task.job_recovery, self.max_recoveries)
 
     # ---- output ------------------------------------------------------------------------------------
 

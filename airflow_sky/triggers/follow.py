@@ -1,33 +1,41 @@
-"""Watching one rank of a running phase from the triggerer, so a deferred follow task holds no worker slot.
+"""Following one rank of a running phase from the triggerer, so a deferred follow task holds no worker slot.
 
-The trigger streams its node's log into the task log and watches the other ranks. It fires as soon as
-there is something to act on: its own rank ended, a sibling failed or was lost, or a node stopped
-answering. The follow task then resumes on a worker, where the same code as in the non-deferrable path
-decides (success, fail-fast, recovery) and, while the job runs on, defers again.
+The trigger runs the very step the blocking follow task runs (airflow_sky.gang.follow.RankFollower): it
+streams its node's log into the task log, reads the job state and, holding the phase's watch lease, probes
+every rank and writes the verdict. It fires as soon as the follow task has something to act on (the phase
+ended, failed or is relaunched); the task then resumes on a worker, re-reads the same job state and acts
+(a relaunch is led from a worker, never from the triggerer), or defers again.
 
 SSH goes through the same paramiko clients as everywhere else, each call in a thread of this module's own
 bounded pool (never the event loop's default executor: a few unreachable nodes must not starve other
-triggers of threads), and each poll has a deadline: a node that does not answer in time wakes the task.
+triggers of threads), and each step has a deadline: a node that does not answer in time wakes the task.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_sky.gang.phases import kill_rank
-from airflow_sky.gang.watch import RankWatch
+from airflow_sky.gang import state as js
+from airflow_sky.gang.follow import RankFollower
+from airflow_sky.gang.phases import job_states, kill_rank
+from airflow_sky.gang.watcher import fail_always, recovery_triage
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.infra.base import Node
+from airflow_sky.task import JobRecovery
 from airflow_sky.task.redaction import redactor
 
 # One thread per trigger in flight at most; past that, our triggers queue among themselves.
 _EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="airflow-sky-trigger")
-POLL_DEADLINE_S = 180.0  # one poll's SSH calls are bounded by their own timeouts (60 s each) well before
+POLL_DEADLINE_S = 180.0  # one step's SSH calls are bounded by their own timeouts (60 s each) well before
+# A trigger never fires sooner than this after it started: Airflow 3.3 fails a resumed task whose deferring
+# attempt's exit the scheduler had not processed yet (apache/airflow #66374, #71580, #72716).
+MIN_WAIT_S = 15.0
 
 
 async def _in_thread(call: Callable[[], Any]) -> Any:
@@ -35,10 +43,12 @@ async def _in_thread(call: Callable[[], Any]) -> Any:
 
 
 class SkyFollowTrigger(BaseTrigger):
-    """Fires when rank `rank` of phase job `job_id` (generation `generation`) needs the follow task.
+    """Fires when rank `rank` of phase `phase` (generation `generation`) of job `job_id` needs its task.
 
     :param nodes: the phase's nodes (Node.to_dict()), this generation's.
+    :param owner: the follow task instance (its watch lease and relaunch claims carry this name).
     :param offset: where the task log left off in the rank's log (a line boundary).
+    :param job_recovery: the task's job_recovery (run phase), so a fault is triaged where it is seen.
     :param secrets: values to redact from log lines (trigger kwargs are encrypted at rest and never
         shown by Airflow's API).
     """
@@ -51,13 +61,16 @@ class SkyFollowTrigger(BaseTrigger):
         conn_id: str | None,
         nodes: list[dict[str, Any]],
         rank: int,
-        job_id: str,
+        job_id: int,
+        phase: str,
         generation: int,
+        owner: str,
         offset: int = 0,
-        setup: bool = False,
+        job_recovery: dict[str, Any] | None = None,
+        max_recoveries: int = 3,
         secrets: dict[str, str] | None = None,
         poll_interval_s: float = 2.0,
-        sibling_interval_s: float = 5.0,
+        min_wait_s: float = MIN_WAIT_S,
     ) -> None:
         super().__init__()
         self.cluster_name = cluster_name
@@ -66,12 +79,15 @@ class SkyFollowTrigger(BaseTrigger):
         self.nodes = nodes
         self.rank = rank
         self.job_id = job_id
+        self.phase = phase
         self.generation = generation
+        self.owner = owner
         self.offset = offset
-        self.setup = setup
+        self.job_recovery = job_recovery
+        self.max_recoveries = max_recoveries
         self.secrets = secrets or {}
         self.poll_interval_s = poll_interval_s
-        self.sibling_interval_s = sibling_interval_s
+        self.min_wait_s = min_wait_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -83,57 +99,80 @@ class SkyFollowTrigger(BaseTrigger):
                 "nodes": self.nodes,
                 "rank": self.rank,
                 "job_id": self.job_id,
+                "phase": self.phase,
                 "generation": self.generation,
+                "owner": self.owner,
                 "offset": self.offset,
-                "setup": self.setup,
+                "job_recovery": self.job_recovery,
+                "max_recoveries": self.max_recoveries,
                 "secrets": self.secrets,
                 "poll_interval_s": self.poll_interval_s,
-                "sibling_interval_s": self.sibling_interval_s,
+                "min_wait_s": self.min_wait_s,
             },
-        )
-
-    def _watch(self) -> RankWatch:
-        redact = redactor(self.secrets.values())
-        return RankWatch(
-            self._hook().cluster,
-            [Node.from_dict(n) for n in self.nodes],
-            self.rank,
-            self.job_id,
-            self.generation,
-            self.offset,
-            self.setup,
-            emit=lambda line: self.log.info("%s", redact(line)),
-            sibling_interval_s=self.sibling_interval_s,
         )
 
     def _hook(self) -> SkyClusterHook:
         return SkyClusterHook(self.cluster_name, self.infra, self.conn_id)
 
+    def _follower(self) -> RankFollower:
+        redact = redactor(self.secrets.values())
+        cluster = self._hook().cluster
+        triage = (
+            recovery_triage(JobRecovery(**self.job_recovery), self.max_recoveries)
+            if self.job_recovery is not None
+            else fail_always
+        )
+        return RankFollower(
+            cluster,
+            job_states(cluster),
+            self.job_id,
+            "setup" if self.phase == "setup" else "run",
+            self.generation,
+            self.rank,
+            [Node.from_dict(n) for n in self.nodes],
+            self.owner,
+            emit=lambda line: self.log.info("%s", redact(line)),
+            triage=triage,
+            start_offset=self.offset,
+            redact=redact,
+            keep_tail=0,
+        )
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        watch = self._watch()
+        started = time.monotonic()
+        follower = await _in_thread(self._follower)
         try:
             while True:
                 try:
-                    reason = await asyncio.wait_for(_in_thread(watch.poll), POLL_DEADLINE_S)
+                    step = await asyncio.wait_for(_in_thread(follower.step), POLL_DEADLINE_S)
+                    reason = step.reason if step is not None else None
                 except TimeoutError:
                     # The task resumes on a worker, where the follow path decides about the silent node.
                     reason = f"rank {self.rank}'s node did not answer within {POLL_DEADLINE_S:.0f}s"
                 except Exception as e:  # a failed trigger fails the task; the follow path can recover
                     reason = f"watching rank {self.rank} failed: {type(e).__name__}: {e}"
                 if reason is not None:
+                    early = self.min_wait_s - (time.monotonic() - started)
+                    if early > 0:
+                        await asyncio.sleep(early)
                     yield TriggerEvent(
-                        {"reason": reason, "generation": self.generation, "offset": watch.line_offset}
+                        {"reason": reason, "generation": self.generation, "offset": follower.line_offset}
                     )
                     return
-                if not watch.behind:
+                if not follower.behind:
                     await asyncio.sleep(self.poll_interval_s)
         finally:
-            await _in_thread(watch.close)
+            await _in_thread(follower.close)
 
     async def on_kill(self) -> None:
-        """The deferred task was marked failed or cleared: stop this rank's processes, as on_kill does."""
+        """The deferred task was marked failed or cleared: cancel the job, as the task's on_kill does."""
         await _in_thread(self._kill)
 
     def _kill(self) -> None:
+        cluster = self._hook().cluster
+        job_states(cluster).update(
+            self.job_id,
+            lambda s: js.cancel(s, f"the follow task of rank {self.rank} was killed", time.time()),
+        )
         node = next(Node.from_dict(n) for n in self.nodes if int(n["rank"]) == self.rank)
-        kill_rank(self._hook().cluster, self.job_id, node, self.generation)
+        kill_rank(cluster, f"{self.job_id}-{self.phase}", node, self.generation)

@@ -23,6 +23,8 @@ import asyncssh
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.local import daemon, layout
+from airflow_sky.infra.local.state_store import LocalStateStore
+from airflow_sky.infra.state_store import StateStore
 
 # Loopback addresses handed to nodes: 127.0.0.2 upwards (127.0.0.1 stays the host's own).
 _FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
@@ -128,6 +130,9 @@ class LocalCloud(Cloud):
 
     def ssh_private_key(self, cluster_name: str) -> str:
         return str(layout.cluster_key_path(cluster_name))
+
+    def state_store(self, cluster_name: str) -> StateStore:
+        return LocalStateStore(layout.state_dir(cluster_name))
 
     def clusters(self) -> list[str]:
         base = layout.root()

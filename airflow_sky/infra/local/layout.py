@@ -5,6 +5,7 @@
       <cluster>/
         cluster.lock
         id_ed25519, id_ed25519.pub  the cluster key pair (clients authenticate with it)
+        state/                    the cluster's job state (infra.local.state_store): jobs/<id>.json, ...
         instances/<instance_id>/
           node.json               the instance's tags: rank, ip, port, host key, state
           host_key                the node's SSH host key (public half pinned in node.json)
@@ -60,6 +61,10 @@ def cluster_dir(cluster_name: str) -> Path:
 
 def instances_dir(cluster_name: str) -> Path:
     return cluster_dir(cluster_name) / "instances"
+
+
+def state_dir(cluster_name: str) -> Path:
+    return cluster_dir(cluster_name) / "state"
 
 
 def cluster_key_path(cluster_name: str) -> Path:

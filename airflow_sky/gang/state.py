@@ -1,0 +1,447 @@
+"""The one authoritative record of a job: status, generations and their nodes, the relaunch claim,
+the phase verdicts and who watches each phase. Kept in the infra's StateStore, changed only by
+compare-and-swap.
+
+Every change is a pure function `JobState -> JobState` (below, unit-tested as a table); `JobStates.update`
+applies one against the store, re-reading and re-applying when another writer won the race. So whatever
+each follower believes about node health, the first transition to a new generation wins and every other
+follower reads the winner's decision.
+
+    status      INIT -> PENDING -> SETTING_UP -> RUNNING -> SUCCEEDED | FAILED | FAILED_SETUP | CANCELLED
+    generation  0, 1, ... : a relaunch (recovery or restart) moves the run to generation + 1
+    relaunch    the claim on generation + 1: decision, leader (None: not led yet), leader heartbeat
+    phases      per "<phase>-<generation>": exit codes seen, verdict (SUCCEEDED / FAILED + cause), killed
+    watchers    per "<phase>-<generation>": the lease of the one process that probes every rank
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from airflow_sky.errors import ClusterError
+from airflow_sky.gang.job import JobStatus, Phase
+from airflow_sky.gang.recovery import Action, Decision
+from airflow_sky.infra.state_store import StateStore
+
+WATCH_LEASE_S = 15.0  # a watcher that has not renewed for this long is replaced by any follower
+LEADER_LEASE_S = 45.0  # a relaunch leader that has not sent a heartbeat for this long is taken over
+CANCELLED_RANK = -1  # the "failing rank" of a cancelled phase
+
+
+class Unchanged(Exception):
+    """A transition that does not apply to the state as read (nothing to write)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseState:
+    """One phase of one generation: what the watcher saw, and the verdict once there is one."""
+
+    exit_codes: dict[int, int] = dataclasses.field(default_factory=dict)
+    verdict: str | None = None  # "SUCCEEDED" | "FAILED"
+    failed_rank: int | None = None
+    failed_exit_code: int | None = None
+    reason: str | None = None
+    killed: bool = False  # every rank of a failed phase was stopped
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exit_codes": {str(r): c for r, c in sorted(self.exit_codes.items())},
+            "verdict": self.verdict,
+            "failed_rank": self.failed_rank,
+            "failed_exit_code": self.failed_exit_code,
+            "reason": self.reason,
+            "killed": self.killed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PhaseState:
+        return cls(
+            exit_codes={int(r): int(c) for r, c in (data.get("exit_codes") or {}).items()},
+            verdict=data.get("verdict"),
+            failed_rank=data.get("failed_rank"),
+            failed_exit_code=data.get("failed_exit_code"),
+            reason=data.get("reason"),
+            killed=bool(data.get("killed")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Relaunch:
+    """The claim on generation `target`: what to do, and who does it."""
+
+    target: int
+    action: Action
+    reason: str
+    leader: str | None = None
+    heartbeat: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"action": self.action.value}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Relaunch:
+        return cls(
+            target=int(data["target"]),
+            action=Action(data["action"]),
+            reason=str(data.get("reason", "")),
+            leader=data.get("leader"),
+            heartbeat=float(data.get("heartbeat") or 0.0),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+    job_id: int
+    status: JobStatus = JobStatus.INIT
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)  # name, submitted_at, sky_task_id, ...
+    generation: int = 0
+    nodes: tuple[dict[str, Any], ...] = ()  # every node of the job (Node.to_dict()), this generation's
+    setup_generations: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> its setup's
+    recoveries: int = 0
+    restarts: int = 0
+    relaunch: Relaunch | None = None
+    phases: dict[str, PhaseState] = dataclasses.field(default_factory=dict)
+    watchers: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)  # key -> (owner, until)
+    history: tuple[dict[str, Any], ...] = ()  # one entry per relaunch
+    cancelled: bool = False
+
+    # ---- reading -----------------------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.info.get("num_nodes") or len(self.nodes))
+
+    def phase(self, phase: Phase, generation: int | None = None) -> PhaseState:
+        return self.phases.get(
+            phase_key(phase, self.generation if generation is None else generation), PhaseState()
+        )
+
+    def setup_generation(self, rank: int) -> int:
+        return self.setup_generations.get(rank, 0)
+
+    def watcher(self, key: str, now: float) -> str | None:
+        """The owner of the live lease on `key`, or None."""
+        owner, until = self.watchers.get(key, ("", 0.0))
+        return owner if owner and until > now else None
+
+    def to_record(self) -> dict[str, Any]:
+        """The `airflow-sky queue` view: flat fields, as SkyPilot's job table has them."""
+        record = dict(self.info)
+        record.update(
+            job_id=self.job_id,
+            status=self.status.value,
+            generation=self.generation,
+            recoveries=self.recoveries,
+            restarts=self.restarts,
+        )
+        run = self.phase("run")
+        setup = self.phase("setup", 0)
+        failed = run if run.verdict == "FAILED" else setup if setup.verdict == "FAILED" else None
+        if failed is not None:
+            record.update(failed_rank=failed.failed_rank, failed_exit_code=failed.failed_exit_code)
+        if run.exit_codes:
+            record["exit_codes"] = [run.exit_codes.get(r) for r in range(self.num_nodes)]
+        return record
+
+    # ---- serialization -----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "status": self.status.value,
+            "info": self.info,
+            "generation": self.generation,
+            "nodes": list(self.nodes),
+            "setup_generations": {str(r): g for r, g in self.setup_generations.items()},
+            "recoveries": self.recoveries,
+            "restarts": self.restarts,
+            "relaunch": self.relaunch.to_dict() if self.relaunch else None,
+            "phases": {k: v.to_dict() for k, v in self.phases.items()},
+            "watchers": {k: list(v) for k, v in self.watchers.items()},
+            "history": list(self.history),
+            "cancelled": self.cancelled,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobState:
+        return cls(
+            job_id=int(data["job_id"]),
+            status=JobStatus(data.get("status", JobStatus.INIT)),
+            info=dict(data.get("info") or {}),
+            generation=int(data.get("generation", 0)),
+            nodes=tuple(data.get("nodes") or ()),
+            setup_generations={int(r): int(g) for r, g in (data.get("setup_generations") or {}).items()},
+            recoveries=int(data.get("recoveries", 0)),
+            restarts=int(data.get("restarts", 0)),
+            relaunch=Relaunch.from_dict(data["relaunch"]) if data.get("relaunch") else None,
+            phases={k: PhaseState.from_dict(v) for k, v in (data.get("phases") or {}).items()},
+            watchers={k: (str(v[0]), float(v[1])) for k, v in (data.get("watchers") or {}).items()},
+            history=tuple(data.get("history") or ()),
+            cancelled=bool(data.get("cancelled")),
+        )
+
+
+def phase_key(phase: Phase, generation: int) -> str:
+    return f"{phase}-{int(generation)}"
+
+
+# ---- transitions (pure) ------------------------------------------------------------------------------
+
+
+def _stamped(state: JobState, status: JobStatus, now: float) -> JobState:
+    info = dict(state.info)
+    if status in (JobStatus.SETTING_UP, JobStatus.RUNNING):
+        info.setdefault("started_at", now)
+    if status.is_terminal:
+        info.setdefault("ended_at", now)
+    return dataclasses.replace(state, status=status, info=info)
+
+
+def set_status(state: JobState, status: JobStatus, now: float) -> JobState:
+    """Move the job forward; a terminal job stays as it ended, and a job never moves back."""
+    order = list(JobStatus)
+    if state.status.is_terminal or (
+        not status.is_terminal and order.index(status) <= order.index(state.status)
+    ):
+        raise Unchanged
+    return _stamped(state, status, now)
+
+
+def record_exits(state: JobState, phase: Phase, generation: int, exit_codes: dict[int, int]) -> JobState:
+    """Merge exit codes the watcher read (a code once recorded is kept)."""
+    key = phase_key(phase, generation)
+    current = state.phases.get(key, PhaseState())
+    merged = {**exit_codes, **current.exit_codes}
+    if merged == current.exit_codes:
+        raise Unchanged
+    return dataclasses.replace(
+        state, phases={**state.phases, key: dataclasses.replace(current, exit_codes=merged)}
+    )
+
+
+def phase_succeeded(state: JobState, phase: Phase, generation: int, ranks: list[int], now: float) -> JobState:
+    """Every rank of the phase exited 0: the verdict; a succeeded run is a succeeded job."""
+    key = phase_key(phase, generation)
+    current = state.phases.get(key, PhaseState())
+    if current.verdict is not None or (generation != state.generation and phase == "run"):
+        raise Unchanged
+    if any(current.exit_codes.get(r) != 0 for r in ranks):
+        raise Unchanged
+    state = dataclasses.replace(
+        state, phases={**state.phases, key: dataclasses.replace(current, verdict="SUCCEEDED")}
+    )
+    if phase == "run" and not state.status.is_terminal:
+        state = _stamped(state, JobStatus.SUCCEEDED, now)
+    return state
+
+
+def phase_failed(
+    state: JobState, phase: Phase, generation: int, rank: int, exit_code: int, reason: str, now: float
+) -> JobState:
+    """The first failure of the phase is its cause (later ones are the kills that followed); the job fails."""
+    key = phase_key(phase, generation)
+    current = state.phases.get(key, PhaseState())
+    if current.verdict is not None:
+        raise Unchanged
+    failed = dataclasses.replace(
+        current, verdict="FAILED", failed_rank=rank, failed_exit_code=exit_code, reason=reason
+    )
+    state = dataclasses.replace(state, phases={**state.phases, key: failed}, relaunch=None)
+    if not state.status.is_terminal:
+        state = _stamped(state, JobStatus.FAILED_SETUP if phase == "setup" else JobStatus.FAILED, now)
+    return state
+
+
+def phase_killed(state: JobState, phase: Phase, generation: int) -> JobState:
+    key = phase_key(phase, generation)
+    current = state.phases.get(key, PhaseState())
+    if current.killed or current.verdict != "FAILED":
+        raise Unchanged
+    return dataclasses.replace(state, phases={**state.phases, key: dataclasses.replace(current, killed=True)})
+
+
+def cancel(state: JobState, reason: str, now: float) -> JobState:
+    """Cancelled: every phase of the current generation fails (so its watcher kills every rank), never relaunched."""
+    if state.cancelled or state.status.is_terminal:
+        raise Unchanged
+    phases = dict(state.phases)
+    for key in {
+        phase_key("setup", 0),
+        phase_key("setup", state.generation),
+        phase_key("run", state.generation),
+    }:
+        current = phases.get(key, PhaseState())
+        if current.verdict is None:
+            phases[key] = dataclasses.replace(
+                current, verdict="FAILED", failed_rank=CANCELLED_RANK, failed_exit_code=143, reason=reason
+            )
+    state = dataclasses.replace(state, phases=phases, relaunch=None, cancelled=True)
+    return _stamped(state, JobStatus.CANCELLED, now)
+
+
+def claim_relaunch(state: JobState, generation: int, decision: Decision, now: float) -> JobState:
+    """A fault in run generation `generation` that the policy relaunches: claim generation + 1 (unled).
+
+    Whoever's transition lands first decides RECOVER or RESTART; a fault seen in an older generation, or
+    once a claim or verdict exists, changes nothing.
+    """
+    if decision.action is Action.FAIL:
+        raise ValueError("a FAIL decision is a phase failure, not a relaunch")
+    run = state.phase("run", generation)
+    if (
+        state.status.is_terminal
+        or state.generation != generation
+        or state.relaunch is not None
+        or run.verdict
+    ):
+        raise Unchanged
+    claim = Relaunch(target=generation + 1, action=decision.action, reason=decision.reason, heartbeat=now)
+    return dataclasses.replace(state, relaunch=claim)
+
+
+def lead_relaunch(state: JobState, leader: str, now: float, lease_s: float = LEADER_LEASE_S) -> JobState:
+    """Become the relaunch's leader: when none leads, the leader's heartbeat is stale, or it is `leader`."""
+    claim = state.relaunch
+    if claim is None or state.status.is_terminal:
+        raise Unchanged
+    if claim.leader not in (None, leader) and now - claim.heartbeat < lease_s:
+        raise Unchanged
+    return dataclasses.replace(state, relaunch=dataclasses.replace(claim, leader=leader, heartbeat=now))
+
+
+def heartbeat(state: JobState, leader: str, now: float) -> JobState:
+    claim = state.relaunch
+    if claim is None or claim.leader != leader:
+        raise Unchanged  # the lead moved on: the caller stops leading
+    return dataclasses.replace(state, relaunch=dataclasses.replace(claim, heartbeat=now))
+
+
+def relaunched(
+    state: JobState,
+    leader: str,
+    nodes: list[dict[str, Any]],
+    replaced_ranks: list[int],
+    now: float,
+) -> JobState:
+    """The leader started generation + 1 on every rank: it is the job's generation now."""
+    claim = state.relaunch
+    if claim is None or claim.leader != leader or state.status.is_terminal:
+        raise Unchanged
+    recovered = claim.action is Action.RECOVER or bool(replaced_ranks)
+    setup_generations = dict(state.setup_generations)
+    for rank in replaced_ranks:
+        setup_generations[rank] = claim.target
+    entry = {
+        "generation": claim.target,
+        "action": (Action.RECOVER if recovered else claim.action).value,
+        "reason": claim.reason,
+        "replaced_ranks": replaced_ranks,
+        "at": now,
+    }
+    return dataclasses.replace(
+        state,
+        generation=claim.target,
+        nodes=tuple(nodes),
+        setup_generations=setup_generations,
+        recoveries=state.recoveries + (1 if recovered else 0),
+        restarts=state.restarts + (0 if recovered else 1),
+        relaunch=None,
+        history=(*state.history, entry),
+        status=JobStatus.RUNNING,
+    )
+
+
+def take_watch(state: JobState, key: str, owner: str, now: float, lease_s: float = WATCH_LEASE_S) -> JobState:
+    """Hold (or renew) the lease on watching phase `key`; a live lease of another owner is kept."""
+    current = state.watcher(key, now)
+    if current not in (None, owner):
+        raise Unchanged
+    _, until = state.watchers.get(key, ("", 0.0))
+    if current == owner and until - now > lease_s / 2:
+        raise Unchanged  # renewed recently enough: no write
+    return dataclasses.replace(state, watchers={**state.watchers, key: (owner, now + lease_s)})
+
+
+def drop_watch(state: JobState, key: str, owner: str) -> JobState:
+    if state.watchers.get(key, ("", 0.0))[0] != owner:
+        raise Unchanged
+    watchers = dict(state.watchers)
+    del watchers[key]
+    return dataclasses.replace(state, watchers=watchers)
+
+
+# ---- the store -----------------------------------------------------------------------------------------
+
+_INDEX = "jobs-index"
+
+
+class JobStates:
+    """The job states of one cluster in its infra's StateStore."""
+
+    def __init__(self, store: StateStore, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    @staticmethod
+    def _key(job_id: int) -> str:
+        return f"jobs/{int(job_id)}"
+
+    def get(self, job_id: int) -> JobState | None:
+        record = self.store.get(self._key(job_id))
+        return JobState.from_dict(record.data) if record else None
+
+    def require(self, job_id: int) -> JobState:
+        state = self.get(job_id)
+        if state is None:
+            raise ClusterError(f"job {job_id} has no record in the cluster's job state")
+        return state
+
+    def all(self) -> list[JobState]:
+        """Every job, oldest first."""
+        ids = sorted(int(key.rsplit("/", 1)[1]) for key in self.store.keys("jobs"))
+        return [s for s in (self.get(i) for i in ids) if s is not None]
+
+    def update(self, job_id: int, change: Callable[[JobState], JobState]) -> tuple[JobState, bool]:
+        """Apply `change` by compare-and-swap; returns (the state now, whether this call changed it)."""
+        key = self._key(job_id)
+        for _ in range(200):
+            record = self.store.get(key)
+            if record is None:
+                raise ClusterError(f"job {job_id} has no record in the cluster's job state")
+            state = JobState.from_dict(record.data)
+            try:
+                new = change(state)
+            except Unchanged:
+                return state, False
+            if self.store.put(key, new.to_dict(), record.version) is not None:
+                return new, True
+            time.sleep(0.005)
+        raise ClusterError(f"job {job_id}: the job state kept changing under 200 attempts to update it")
+
+    def allocate(self, submit_key: str, info: dict[str, Any]) -> tuple[JobState, bool]:
+        """The job for `submit_key` (a retried provision gets the same one back), created when new."""
+        for _ in range(200):
+            index = self.store.get(_INDEX)
+            data: dict[str, Any] = index.data if index else {"next": 1, "keys": {}}
+            keys: dict[str, int] = data["keys"]
+            if submit_key in keys:
+                job_id = int(keys[submit_key])
+                existing = self.get(job_id)
+                if existing is not None:
+                    return existing, False
+                return self._create(job_id, info), True  # the index was written, the record not yet
+            job_id = int(data["next"])
+            new_index = {"next": job_id + 1, "keys": {**keys, submit_key: job_id}}
+            if self.store.put(_INDEX, new_index, index.version if index else None) is not None:
+                return self._create(job_id, info), True
+        raise ClusterError("could not allocate a job id: the job index kept changing")
+
+    def _create(self, job_id: int, info: dict[str, Any]) -> JobState:
+        state = JobState(job_id=job_id, info=dict(info))
+        written = self.store.put(self._key(job_id), state.to_dict(), None)
+        if written is None:
+            return self.require(job_id)
+        return state

@@ -1,0 +1,53 @@
+"""Small JSON records with compare-and-swap, kept by the infra: where a cluster's job state lives.
+
+The job state decides who leads a recovery, which generation runs and whether a job was cancelled, so it
+must outlive the loss of any node (the head included) and must not live on an Airflow worker (with Celery
+or Kubernetes executors, tasks of one job run on different machines). So each infra keeps it where it keeps
+the truth about membership: the local state dir (local), an object store with conditional writes (clouds).
+
+Every write is conditional on the version read: two writers that race never both win.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import re
+from typing import Any
+
+_KEY = re.compile(r"^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*$")
+
+
+def validate_key(key: str) -> str:
+    if not _KEY.match(key) or ".." in key or len(key) > 200:
+        raise ValueError(
+            f"invalid state key {key!r}: lowercase path segments of letters, digits, '.', '_', '-'"
+        )
+    return key
+
+
+@dataclasses.dataclass(frozen=True)
+class Versioned:
+    """A record and the version it was read at (the version a conditional write names)."""
+
+    version: int
+    data: dict[str, Any]
+
+
+class StateStore(abc.ABC):
+    """One cluster's records. Thread- and process-safe; writes are atomic and conditional."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Versioned | None:
+        """The record at `key`, or None."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: dict[str, Any], expected_version: int | None) -> Versioned | None:
+        """Write `data` if the record is still at `expected_version` (None: only if there is no record).
+
+        Returns the record as written, or None when another writer got there first (read again, retry).
+        """
+
+    @abc.abstractmethod
+    def keys(self, prefix: str) -> list[str]:
+        """Every key directly under `prefix` (one level), sorted."""
