@@ -119,7 +119,7 @@ class _RankLog:
             generation = state.generation if self.phase == "run" else state.setup_generation(self.rank)
             if self.tail is not None and generation <= self.tail.generation:
                 return False
-            if jobs.poll_job(client, self.job_id, generation, 0, max_bytes=0).missing:
+            if jobs.read_job(client, self.job_id, generation, 0, max_bytes=0).missing:
                 return False  # not started on its node yet
             self.new_generation = self.tail is not None
             self.tail = LogTail(client, self.job_id, generation, self.phase == "setup", self.emit, keep=0)

@@ -237,7 +237,7 @@ class ClusterJobs:
         """The generation of `rank`'s phase job to show (the job state's), once it has started on the node."""
         current = self.states.get(state.job_id) or state
         generation = current.generation if phase == "run" else current.setup_generation(rank)
-        poll = jobs.poll_job(client, f"{state.job_id}-{phase}", generation, 0, max_bytes=0)
+        poll = jobs.read_job(client, f"{state.job_id}-{phase}", generation, 0, max_bytes=0)
         return None if poll.missing else generation
 
     def _stuck_message(self, state: js.JobState, node: Node, phase: Phase, status: JobStatus) -> str:

@@ -112,6 +112,15 @@ class RankFollower:
         with contextlib.suppress(Exception):  # the lease lapses on its own
             self.states.update(self.job_id, lambda s: js.drop_watch(s, self.watcher.key, self.owner))
 
+    def run(self, poll_interval_s: float = 0.5) -> Step:
+        """Step until there is something to act on (the blocking follow, and tests)."""
+        while True:
+            step = self.step()
+            if step is not None:
+                return step
+            if not self.behind:
+                time.sleep(poll_interval_s)
+
     # ---- one round ---------------------------------------------------------------------------------
 
     def step(self) -> Step | None:

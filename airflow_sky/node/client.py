@@ -305,6 +305,22 @@ class NodeClient:
             except FileNotFoundError:
                 return None
 
+    def read_range(self, remote_path: str, offset: int, max_bytes: int) -> tuple[bytes, int] | None:
+        """Up to `max_bytes` of a file from `offset`, and the file's size; None when it does not exist.
+
+        SFTP, so the node spawns no process: a log poll costs the node a few requests, not a shell.
+        """
+        with self._sftp_call(f"read of {remote_path}") as sftp:
+            try:
+                with sftp.open(remote_path, "rb") as f:
+                    size = f.stat().st_size or 0
+                    if max_bytes <= 0 or offset >= size:
+                        return b"", size
+                    f.seek(offset)
+                    return f.read(min(max_bytes, size - offset)), size
+            except FileNotFoundError:
+                return None
+
     def rename(self, source: str, destination: str) -> None:
         """Atomic rename over an existing file (POSIX rename)."""
         with self._sftp_call(f"rename of {source}") as sftp:

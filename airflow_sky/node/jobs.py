@@ -108,6 +108,39 @@ def poll_job(
     )
 
 
+def read_job(
+    client: NodeClient,
+    job_id: str,
+    generation: int,
+    offset: int,
+    max_bytes: int = DEFAULT_POLL_BYTES,
+    want_pid: bool = True,
+) -> JobPoll:
+    """New log bytes from `offset` and the exit code, over SFTP: no process runs on the node for it.
+
+    A job without an exit code counts as running; only `poll_job` (a shell on the node) can tell a job
+    whose processes vanished (`lost`), so watchers ask it now and then, not every poll.
+    """
+    d = f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/gen-{int(generation)}"
+    raw_code = client.read_file(f"{d}/exit_code")  # before the log: a job that has an exit code logs no more
+    read = client.read_range(f"{d}/log", offset, max_bytes)
+    if read is None:
+        return JobPoll(b"", offset, 0, running=False, exit_code=None, missing=True)
+    data, size = read
+    code = raw_code.strip() if raw_code else b""
+    exit_code = int(code) if code.lstrip(b"-").isdigit() else None
+    raw_pid = client.read_file(f"{d}/pid") if want_pid else None
+    pid = raw_pid.strip() if raw_pid else b""
+    return JobPoll(
+        data=data,
+        next_offset=offset + len(data),
+        log_size=size,
+        running=exit_code is None,
+        exit_code=exit_code,
+        pid=int(pid) if pid.isdigit() else None,
+    )
+
+
 def kill_job(
     client: NodeClient,
     job_id: str,

@@ -38,6 +38,7 @@ class LogTail:
         self._setup = setup
         self._emit = emit
         self._prefix = self._prefix_for(None)
+        self._pid: int | None = None
         self._lines = LineSplitter(self._line, keep=keep)
 
     def _prefix_for(self, pid: int | None) -> str:
@@ -48,8 +49,11 @@ class LogTail:
         self._emit(f"{self._prefix} {line}")
 
     def poll(self) -> jobs.JobPoll:
-        poll = jobs.poll_job(self.client, self.job_id, self.generation, self.offset)
-        if poll.pid is not None:
+        poll = jobs.read_job(
+            self.client, self.job_id, self.generation, self.offset, want_pid=self._pid is None
+        )
+        if poll.pid is not None and self._pid is None:
+            self._pid = poll.pid
             self._prefix = self._prefix_for(poll.pid)
         self._lines.feed(poll.data)
         self.offset = poll.next_offset

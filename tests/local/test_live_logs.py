@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from airflow_sky import Task
 from airflow_sky.client.events import Event
 from airflow_sky.client.live import NodeLogs
-from airflow_sky.gang.follow import GangFollower
-from airflow_sky.gang.job import JobHandle
+from airflow_sky.gang.follow import RankFollower, Wake
+from airflow_sky.gang.phases import job_states, register_job
+from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.jobs import start_job
@@ -23,8 +25,10 @@ fi
 """
 
 
-def _follower(rank: int, clients: dict[int, NodeClient], task_log: list[str]) -> GangFollower:
-    return GangFollower("1-run", 0, rank, clients, emit=task_log.append, poll_interval_s=0.1)
+def _follower(cluster: Cluster, nodes, rank: int, task_log: list[str]) -> RankFollower:
+    return RankFollower(
+        cluster, job_states(cluster), 1, "run", 0, rank, nodes, f"task-{rank}", emit=task_log.append
+    )
 
 
 def test_engine_view_streams_rank_0_live_while_rank_1_is_followed_and_shows_each_line_once(
@@ -33,7 +37,8 @@ def test_engine_view_streams_rank_0_live_while_rank_1_is_followed_and_shows_each
     name, nodes, key = local_cluster(2)
     release = tmp_path / "release"
     clients = {n.rank: NodeClient(n, key) for n in nodes}
-    handle = JobHandle(name, "local", 1, "sky-test", tuple(nodes), num_run_nodes=2)
+    cluster = open_cluster(name, "local")
+    handle = register_job(cluster, Task(run=SCRIPT, num_nodes=2), nodes, submit_key="test")
     seen: list[Event] = []
     rank0_started = threading.Event()
 
@@ -42,22 +47,22 @@ def test_engine_view_streams_rank_0_live_while_rank_1_is_followed_and_shows_each
         if "hello from 0" in event.text:
             rank0_started.set()
 
-    view = NodeLogs(open_cluster(name, "local"), handle, listener, redact=lambda line: line, phases=("run",))
+    view = NodeLogs(cluster, handle, listener, redact=lambda line: line, phases=("run",))
     view.start()
     view.activate("run")
     try:
         for rank, client in clients.items():
             env = {"SKYPILOT_NODE_RANK": str(rank), "RELEASE": str(release)}
-            assert start_job(client, "1-run", SCRIPT, env, 0).started
+            assert start_job(client, f"{handle.job_id}-run", SCRIPT, env, 0).started
         # Rank 0 ends at once; rank 1 waits for the release, which only comes once rank 0's first line was
         # seen live by the engine's view while rank 1's follower (the one a sequential runner happened to
         # start first) was still running.
         rank1_log: list[str] = []
         waiter = threading.Thread(target=lambda: (rank0_started.wait(30), release.touch()))
         waiter.start()
-        assert _follower(1, clients, rank1_log).run().exit_code == 0
+        assert _follower(cluster, nodes, 1, rank1_log).run(0.1).wake is Wake.DONE
         rank0_log: list[str] = []
-        assert _follower(0, clients, rank0_log).run().exit_code == 0
+        assert _follower(cluster, nodes, 0, rank0_log).run(0.1).wake is Wake.DONE
         waiter.join()
     finally:
         view.stop()

@@ -61,11 +61,3 @@ def test_mounts_split_into_local_uploads_and_bucket_copies():
     assert bucket_mounts(task) == [("s3://b/p", "~/b"), ("gs://bk", "~/d")]
     with pytest.raises(SpecError, match=r"file_mounts\.~/e: 'r2://x/y': only s3:// and gs://"):
         bucket_mounts(Task(run="x", file_mounts={"~/e": "r2://x/y"}))
-
-
-def test_the_newest_announced_generation_wins_whoever_led():
-    from airflow_sky.gang.recovery import latest_announced
-
-    announced = [None, {"generation": 2, "recoveries": 2, "restarts": 0, "nodes": []}, {"generation": 1}]
-    assert latest_announced(announced).generation == 2
-    assert latest_announced(None).generation == 0

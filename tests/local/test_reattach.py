@@ -8,7 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+from airflow_sky import Task
+from airflow_sky.gang.phases import register_job
 from airflow_sky.infra.local import daemon
+from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.jobs import start_job
 
@@ -16,13 +19,18 @@ FOLLOWER = textwrap.dedent(
     """
     import json, sys
     from airflow_sky.infra.base import Node
-    from airflow_sky.gang.follow import GangFollower
-    from airflow_sky.node.client import NodeClient
+    from airflow_sky.infra.registry import open_cluster
+    from airflow_sky.gang.follow import RankFollower
+    from airflow_sky.gang.phases import job_states
 
-    nodes, key = json.loads(sys.argv[1]), sys.argv[2]
-    clients = {n["rank"]: NodeClient(Node.from_dict(n), key) for n in nodes}
-    result = GangFollower("1-run", 0, 0, clients, emit=lambda line: print(line, flush=True)).run()
-    print("EXIT", result.exit_code, flush=True)
+    nodes, name = [Node.from_dict(n) for n in json.loads(sys.argv[1])], sys.argv[2]
+    cluster = open_cluster(name, "local")
+    # The same owner name as the killed try: a retried task instance takes its watch lease back at once.
+    follower = RankFollower(
+        cluster, job_states(cluster), 1, "run", 0, 0, nodes, "dag/run/run_follow/0",
+        emit=lambda line: print(line, flush=True),
+    )
+    print("EXIT", follower.run().wake, flush=True)
     """
 )
 
@@ -34,7 +42,8 @@ def test_killed_follower_is_retried_and_reattaches_to_the_one_running_job(local_
     clients = [NodeClient(n, key) for n in nodes]
     try:
         assert all(start_job(c, "1-run", script, {}, 0).started for c in clients)
-        args = [sys.executable, "-c", FOLLOWER, json.dumps([n.to_dict() for n in nodes]), key]
+        register_job(open_cluster(name, "local"), Task(run=script, num_nodes=2), nodes, submit_key="test")
+        args = [sys.executable, "-c", FOLLOWER, json.dumps([n.to_dict() for n in nodes]), name]
         first = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
         assert first.stdout is not None
         assert "started" in first.stdout.readline()
@@ -61,4 +70,4 @@ def test_killed_follower_is_retried_and_reattaches_to_the_one_running_job(local_
             client.close()
     assert retry.returncode == 0, err
     assert out.count("started") == 1 and "ended" in out
-    assert out.strip().endswith("EXIT 0")
+    assert out.strip().endswith("EXIT DONE")

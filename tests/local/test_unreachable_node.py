@@ -8,39 +8,42 @@ import time
 import pytest
 
 from airflow_sky import Task
-from airflow_sky.errors import JobFailed
-from airflow_sky.gang.follow import GangFollower
-from airflow_sky.gang.recovery import RecoveryState, decide
+from airflow_sky.gang.follow import RankFollower, Wake
+from airflow_sky.gang.phases import job_states, register_job
+from airflow_sky.gang.watcher import recovery_triage
 from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node.client import NodeClient
 from tests.ports import free_port
 
 
 def test_unreachable_node_that_the_infra_reports_up_is_waited_for_then_fails_as_unreachable(local_cluster):
-    name, nodes, key = local_cluster(1)
+    name, nodes, _key = local_cluster(1)
     cluster = open_cluster(name, "local")
-    policy = Task(run="true").job_recovery
-
-    def triage(rank: int, code: int | None):  # the operator's own rule, against the real infra's status
-        return decide(cluster.unhealthy_ranks(nodes), code, policy, RecoveryState(generation=0))
-
+    task = Task(run="true")
+    register_job(cluster, task, nodes, submit_key="test")
     # The node runs (the infra says so) but its SSH port refuses us: what a network partition looks like.
-    unreachable = NodeClient(dataclasses.replace(nodes[0], ssh_port=free_port()), key, conn_retry_attempts=1)
-    follower = GangFollower(
-        "1-run",
+    unreachable = [dataclasses.replace(nodes[0], ssh_port=free_port())]
+    follower = RankFollower(
+        cluster,
+        job_states(cluster),
+        1,
+        "run",
         0,
         0,
-        {0: unreachable},
+        unreachable,
+        "task-0",
         emit=print,
-        triage=triage,
-        poll_interval_s=0.1,
-        unreachable_grace_s=0.5,
-        max_unreachable_s=3.0,
+        triage=recovery_triage(task.job_recovery),  # the operator's own rule, against the real infra's status
+        state_interval_s=0.1,
     )
+    follower.watcher.unreachable_grace_s = 0.5
+    follower.watcher.max_unreachable_s = 3.0
     started = time.monotonic()
-    with pytest.raises(JobFailed, match="rank 0: node unreachable"):
-        follower.run()
+    step = follower.run(0.1)
+    assert step.wake is Wake.FAILED and step.error is not None
+    assert "rank 0: node unreachable" in str(step.error)
     assert time.monotonic() - started >= 3.0  # not failed at the end of the grace period
+    follower.close()
 
 
 def test_a_node_whose_server_stops_answering_fails_sftp_within_its_deadline(local_cluster, monkeypatch):
