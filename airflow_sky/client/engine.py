@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from airflow_sky.client import events
+from airflow_sky.client.limits import raise_open_file_limit
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle, Phase, sanitize_cluster_name
 from airflow_sky.infra.home import sky_home
@@ -216,6 +217,7 @@ def _output_to(log_file: Path) -> Iterator[None]:
 
 def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None = None) -> JobOutcome:
     """Run the job to its end in this process; `listener` receives progress events as they happen."""
+    raise_open_file_limit(task.num_nodes)
     home = prepare_airflow()
     from airflow_sky.client.live import NodeLogs, task_events
     from airflow_sky.infra.registry import open_cluster

@@ -65,6 +65,8 @@ def sky_job(
     aws_conn_id: str | None = None,
     gcp_conn_id: str | None = None,
     deferrable: bool | None = None,
+    defer_after_s: float | None = None,
+    trigger_min_wait_s: float | None = None,
     setup_timeout: timedelta | None = None,
     run_timeout: timedelta | None = None,
 ) -> TaskGroup:
@@ -83,6 +85,11 @@ def sky_job(
         collect or teardown; the job keeps running on the kept cluster.
     :param deferrable: the setup and run follow tasks wait in the triggerer while their node runs, holding
         no worker slot (default: `[operators] default_deferrable`).
+    :param defer_after_s: a deferrable follow task follows in its worker this long before it defers
+        (default 30 s), so a short phase never defers.
+    :param trigger_min_wait_s: a trigger never fires sooner than this after it started (default 15 s):
+        Airflow 3.3 can fail a task whose trigger fires before the scheduler processed the deferring
+        attempt's exit. 0 only where no scheduler races (`airflow dags test` runs triggers inline).
     :param setup_timeout: the longest a rank's setup may take (default: no limit, as in SkyPilot); past it
         the follow task fails and the job fails fast.
     :param run_timeout: the same for a rank's run (recoveries included).
@@ -105,6 +112,10 @@ def sky_job(
     group_id = group_id or _group_id(task)
     common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
     follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
+    if defer_after_s is not None:
+        follow_options["defer_after_s"] = defer_after_s
+    if trigger_min_wait_s is not None:
+        follow_options["trigger_min_wait_s"] = trigger_min_wait_s
 
     with TaskGroup(group_id=group_id) as group:
         provision = SkyProvisionOperator(

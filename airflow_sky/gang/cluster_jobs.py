@@ -163,6 +163,7 @@ class ClusterJobs:
                         grace_s=5.0,
                         record_exit_code=128 + signal.SIGTERM,
                     )
+                    self.states.update(state.job_id, lambda s, g=generation, p=phase: js.phase_killed(s, p, g))
 
     # ---- logs ------------------------------------------------------------------------------------------
 

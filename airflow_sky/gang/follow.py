@@ -160,7 +160,7 @@ class RankFollower:
             return Step(Wake.RELAUNCH, f"the job is relaunched ({why})")
         phase = state.phase(self.phase, self.generation)
         if phase.verdict == "FAILED" or (state.status.is_terminal and phase.verdict is None):
-            if not (phase.killed or self.tail.ended or state.cancelled):
+            if not (phase.killed or self.tail.ended):
                 return None  # the watcher stops every rank first; this rank's last lines are read then
             self._drain()
             return Step(Wake.FAILED, "the phase failed", self._error(state, phase))

@@ -96,7 +96,7 @@ def _lead(
     beating = threading.Thread(target=_beat, args=(states, handle.job_id, owner, stop), daemon=True)
     beating.start()
     try:
-        nodes = _relaunch(cluster, task, handle, state, claim, log)
+        nodes = _relaunch(cluster, states, task, handle, state, claim, log)
     except JobFailed as e:
         failure, now = e, time.time()
         states.update(
@@ -117,7 +117,13 @@ def _lead(
         lambda s: js.relaunched(s, owner, [n.to_dict() for n in nodes], replaced, time.time()),
     )
     if not won and new.generation < claim.target:
-        raise JobFailed(f"job {handle.job_id}: the relaunch was taken over or ended ({new.status.value})")
+        # Cancelled (or taken over) while this leader worked: what it started must not run on.
+        with cluster.clients(nodes[: handle.num_run_nodes], conn_retry_attempts=1) as clients:
+            kill_ranks(clients, handle.remote_job_id("run"), claim.target)
+        raise JobFailed(
+            f"job {handle.job_id} is {new.status.value}: the relaunch to generation {claim.target} was ended",
+            status="CANCELLED" if new.cancelled else new.status.value,
+        )
     log(
         f"Job {handle.job_id} relaunched as generation {claim.target} on "
         + ", ".join(n.internal_ip for n in nodes[: handle.num_run_nodes])
@@ -141,6 +147,7 @@ def _by_rank(nodes: tuple[Node, ...] | list[Node]) -> dict[int, Node]:
 
 def _relaunch(
     cluster: Cluster,
+    states: js.JobStates,
     task: Task,
     handle: JobHandle,
     state: js.JobState,
@@ -178,6 +185,12 @@ def _relaunch(
             _run_setup(cluster, task, new_handle, node, log)
 
     run_nodes = list(new_handle.run_nodes)
+    now_state = states.require(handle.job_id)
+    if now_state.status.is_terminal or now_state.relaunch is None:
+        raise JobFailed(
+            f"job {handle.job_id} is {now_state.status.value}: the relaunch stops before starting it",
+            status="CANCELLED" if now_state.cancelled else now_state.status.value,
+        )
     with cluster.clients(run_nodes) as clients:
 
         def start(node: Node) -> None:

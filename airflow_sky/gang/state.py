@@ -302,8 +302,9 @@ def claim_relaunch(state: JobState, generation: int, decision: Decision, now: fl
     return dataclasses.replace(state, relaunch=claim)
 
 
-def lead_relaunch(state: JobState, leader: str, now: float, lease_s: float = LEADER_LEASE_S) -> JobState:
+def lead_relaunch(state: JobState, leader: str, now: float, lease_s: float | None = None) -> JobState:
     """Become the relaunch's leader: when none leads, the leader's heartbeat is stale, or it is `leader`."""
+    lease_s = LEADER_LEASE_S if lease_s is None else lease_s
     claim = state.relaunch
     if claim is None or state.status.is_terminal:
         raise Unchanged
@@ -354,8 +355,9 @@ def relaunched(
     )
 
 
-def take_watch(state: JobState, key: str, owner: str, now: float, lease_s: float = WATCH_LEASE_S) -> JobState:
+def take_watch(state: JobState, key: str, owner: str, now: float, lease_s: float | None = None) -> JobState:
     """Hold (or renew) the lease on watching phase `key`; a live lease of another owner is kept."""
+    lease_s = WATCH_LEASE_S if lease_s is None else lease_s
     current = state.watcher(key, now)
     if current not in (None, owner):
         raise Unchanged

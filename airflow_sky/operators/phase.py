@@ -26,6 +26,7 @@ from airflow_sky.gang.watcher import Triage, fail_always, recovery_triage
 from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
+from airflow_sky.triggers.follow import MIN_WAIT_S
 
 POLL_INTERVAL_S = 0.5
 # Follow in the worker this long before deferring: a short phase then never defers. Airflow 3.3 can fail a
@@ -104,6 +105,7 @@ class SkyFollowOperator(_PhaseOperator):
         node. Default: `[operators] default_deferrable`.
     :param defer_after_s: with `deferrable`, follow in the worker this long first: a phase that ends sooner
         never defers (a short phase is where Airflow's resume-after-defer race bites).
+    :param trigger_min_wait_s: the trigger fires no sooner than this after it started (see MIN_WAIT_S).
     """
 
     ui_color = "#b3e5fc"
@@ -114,12 +116,14 @@ class SkyFollowOperator(_PhaseOperator):
         max_recoveries: int = DEFAULT_MAX_RECOVERIES,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         defer_after_s: float = DEFER_AFTER_S,
+        trigger_min_wait_s: float = MIN_WAIT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_recoveries = max_recoveries
         self.deferrable = deferrable
         self.defer_after_s = defer_after_s
+        self.trigger_min_wait_s = trigger_min_wait_s
 
     def execute(self, context: Any) -> Any:
         self.mask_secrets()
@@ -235,6 +239,7 @@ class SkyFollowOperator(_PhaseOperator):
                 offset=offset,
                 job_recovery=self.sky_task.job_recovery.to_dict() if self.phase == "run" else None,
                 max_recoveries=self.max_recoveries,
+                min_wait_s=self.trigger_min_wait_s,
                 secrets=sensitive_values(self.sky_task),
             ),
             method_name="resume",

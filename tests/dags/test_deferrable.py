@@ -16,7 +16,7 @@ from airflow_sky import Task, sky_job
 
 task = Task(name={name!r}, num_nodes={nodes}, setup={setup!r}, run={run!r}, secrets={{"TOKEN": "tok-3141-secret"}})
 with DAG({name!r}, schedule=None) as dag:
-    sky_job(task, cluster_name={name!r} + "-c", deferrable=True)
+    sky_job(task, cluster_name={name!r} + "-c", deferrable=True, defer_after_s=0, trigger_min_wait_s=0)
 """
 
 

@@ -167,7 +167,7 @@ touch "$PROBE/done-$SKYPILOT_NODE_RANK-$AIRFLOW_SKY_RECOVERY_COUNT"
 ''',
 )
 with DAG({dag_id!r}, schedule=None) as dag:
-    group = sky_job(job, cluster_name={cluster!r}, deferrable={deferrable!r})
+    group = sky_job(job, cluster_name={cluster!r}, deferrable={deferrable!r}, defer_after_s=0, trigger_min_wait_s=0)
 
     @task
     def record(result):

@@ -11,6 +11,8 @@ file says the job is running, waits for the run to end, and writes a JSON report
 Usage: stack_driver.py CONFIG.json REPORT.json
 CONFIG: {"home", "dag_id", "xcom_task_id", "timeout_s",
          "preempt": {"cluster", "rank", "probe", "lines", "after_deferred": task_id | null} | null}
+    or, for many runs at once: {"home", "batch": {dag_id: number of runs}, "timeout_s"}; the report then
+    is {"runs": [{"dag_id", "run_id", "state", "task_instances": [...]}], "startup_s", "run_s"}.
 """
 
 from __future__ import annotations
@@ -86,6 +88,48 @@ def _all_deferred(tis: list[dict[str, Any]], task_id: str | None) -> bool:
     return bool(states) and all(state == "deferred" for state in states)
 
 
+def _task_instances(client: httpx.Client, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    tis = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 200})
+    keys = ("task_id", "map_index", "state", "start_date", "end_date", "try_number", "note")
+    return [{k: ti.get(k) for k in keys} for ti in tis.json()["task_instances"]]
+
+
+def _run_batch(
+    client: httpx.Client, config: dict[str, Any], stack: subprocess.Popen[bytes], log: Path, started: float
+) -> dict[str, Any]:
+    """Trigger every run of every DAG at once and wait for all of them to end."""
+    batch: dict[str, int] = config["batch"]
+    for dag_id in batch:
+        _wait_for(
+            f"DAG {dag_id} to be parsed",
+            lambda d=dag_id: client.get(f"/api/v2/dags/{d}").status_code == 200,
+            240,
+            stack,
+            log,
+        )
+    startup_s = time.monotonic() - started
+    runs = []
+    for dag_id, count in batch.items():
+        for _ in range(count):
+            triggered = client.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None})
+            triggered.raise_for_status()
+            runs.append({"dag_id": dag_id, "run_id": triggered.json()["dag_run_id"], "state": "queued"})
+    run_started = time.monotonic()
+    deadline = run_started + float(config.get("timeout_s", 900))
+    while time.monotonic() < deadline:
+        for run in runs:
+            if run["state"] not in ("success", "failed"):
+                run["state"] = client.get(f"/api/v2/dags/{run['dag_id']}/dagRuns/{run['run_id']}").json()[
+                    "state"
+                ]
+        if all(run["state"] in ("success", "failed") for run in runs):
+            break
+        time.sleep(2)
+    for run in runs:
+        run["task_instances"] = _task_instances(client, run["dag_id"], run["run_id"])
+    return {"runs": runs, "startup_s": startup_s, "run_s": time.monotonic() - run_started}
+
+
 def main(config_path: str, report_path: str) -> int:
     config = json.loads(Path(config_path).read_text())
     home = Path(config["home"])
@@ -107,6 +151,9 @@ def main(config_path: str, report_path: str) -> int:
             "the API server", lambda: client.get("/auth/token").json()["access_token"], 240, stack, log
         )
         client.headers["Authorization"] = f"Bearer {token}"
+        if "batch" in config:
+            report.update(_run_batch(client, config, stack, log, started))
+            return 0
         dag_id = config["dag_id"]
         _wait_for(
             f"DAG {dag_id} to be parsed",

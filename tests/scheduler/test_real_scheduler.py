@@ -40,7 +40,8 @@ printf '{{"rank": %s, "recoveries": %s}}' "$SKYPILOT_NODE_RANK" "$AIRFLOW_SKY_RE
 )
 
 with DAG("real_scheduler_job", schedule=None) as dag:
-    job = sky_job(job_task, cluster_name={cluster!r}, deferrable=True)
+    # Defer at once (the trigger's minimum wait is the default): the follow tasks must wait in the triggerer.
+    job = sky_job(job_task, cluster_name={cluster!r}, deferrable=True, defer_after_s=0)
 
     @task
     def evaluate(result):
@@ -118,3 +119,70 @@ def test_real_scheduler_defers_ranks_concurrently_recovers_a_preempted_worker_on
     # The head's return.json reached the downstream task.
     assert report["xcom"] in ({"rank": 0, "recoveries": 1}, json.dumps({"rank": 0, "recoveries": 1})), context
     assert daemon.processes_with_marker(CLUSTER) == []
+
+
+SHORT_JOB = """
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+task = Task(name="short", num_nodes=4, setup="sleep 5", run="sleep 5")
+with DAG({dag_id!r}, schedule=None, max_active_runs=5) as dag:
+    sky_job(task, deferrable={deferrable!r}{extra})
+"""
+
+
+def test_short_phases_never_lose_to_the_resume_after_defer_race_deferrable_or_blocking(tmp_path: Path):
+    """Airflow 3.3 fails a resumed task when its trigger fired before the scheduler processed the deferring
+    attempt's exit (apache/airflow #66374, #72716): with 5 s phases, two runs in three failed so.
+
+    Deferrable runs defer at once here (defer_after_s=0), so only the trigger's minimum wait protects them.
+    """
+    assert shutil.which("unshare") and shutil.which("ip"), "needs util-linux unshare and iproute2 (bootstrap)"
+    home = tmp_path / "airflow"
+    (home / "dags").mkdir(parents=True)
+    dags = {"short_deferrable": (True, ", defer_after_s=0"), "short_blocking": (False, "")}
+    for dag_id, (deferrable, extra) in dags.items():
+        (home / "dags" / f"{dag_id}.py").write_text(
+            SHORT_JOB.format(dag_id=dag_id, deferrable=deferrable, extra=extra)
+        )
+    config = {"home": str(home), "batch": dict.fromkeys(dags, 5), "timeout_s": 1200}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    report_path = tmp_path / "report.json"
+    driver = subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--",
+            sys.executable,
+            str(DRIVER),
+            str(tmp_path / "config.json"),
+            str(report_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    log = (home / "standalone.log").read_text(errors="replace") if (home / "standalone.log").exists() else ""
+    assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]
+    report = json.loads(report_path.read_text())
+    assert "error" not in report, json.dumps(report, indent=1)[:8000] + log[-8000:]
+    failed = [
+        (run["dag_id"], run["run_id"], [ti for ti in run["task_instances"] if ti["state"] != "success"])
+        for run in report["runs"]
+        if run["state"] != "success"
+    ]
+    mismatches = log.count("finished with state success, but the task instance's state attribute is")
+    assert not failed, (
+        f"{len(failed)}/10 runs failed ({mismatches} state mismatches): {failed}\n{log[-8000:]}"
+    )
+    assert len(report["runs"]) == 10
+    deferred = [
+        ti
+        for run in report["runs"]
+        if run["dag_id"] == "short_deferrable"
+        for ti in run["task_instances"]
+        if ti["task_id"].endswith("_follow") and (ti["try_number"] or 0) >= 1
+    ]
+    assert deferred  # the deferrable runs' follow tasks ran (and deferred: defer_after_s=0)
+    print(f"10/10 runs succeeded in {report['run_s']:.0f}s ({mismatches} state mismatches)")
+    assert daemon.processes_with_marker("short") == []
