@@ -187,3 +187,39 @@ with DAG({dag_id!r}, schedule=None) as dag:
     assert len(starts) == len(set(starts)), starts  # nothing started twice
     assert json.loads((tmp_path / "result.json").read_text()) == {"rank": 0, "recoveries": 1}
     assert daemon.processes_with_marker(cluster) == []
+
+
+def test_preempting_the_head_and_rank_5_of_16_nodes_is_one_recovery_and_each_rank_starts_once_per_generation(
+    run_dag, tmp_path
+):
+    cluster = "sixteen-preempt"
+    body = f"""
+task = Task(
+    name="sixteen",
+    num_nodes=16,
+    envs={{"PROBE": {str(tmp_path)!r}}},
+    run='echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> "$PROBE/starts"; [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ] && sleep 3600; sleep 3',
+)
+"""
+
+    def all_started() -> bool:
+        starts = tmp_path / "starts"
+        return starts.exists() and len(starts.read_text().splitlines()) >= 16
+
+    def preempt_both() -> None:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and not all_started():
+            time.sleep(0.2)
+        LocalCloud().preempt(cluster, 0)
+        LocalCloud().preempt(cluster, 5)
+
+    preempter = threading.Thread(target=preempt_both, daemon=True)
+    preempter.start()
+    result = run_dag("sixteen_preempt", _dag("sixteen_preempt", cluster, body))
+    preempter.join(timeout=1)
+    assert result.returncode == 0, result.output[-6000:]
+    starts = (tmp_path / "starts").read_text().splitlines()
+    assert sorted(starts) == sorted(f"{r} {g}" for r in range(16) for g in (0, 1)), starts
+    assert result.output.count("Relaunching job") == 1, result.output[-6000:]
+    assert "rank 0 is now " in result.output and "rank 5 is now " in result.output
+    assert daemon.processes_with_marker(cluster) == []
