@@ -57,8 +57,9 @@ class TaskEvents:
         step, rank = self._step_and_rank(task_instance)
         if step == "provision":
             handle = task_instance.xcom_pull(task_ids=task_instance.task_id, key="handle")
+            nodes = task_instance.xcom_pull(task_ids=task_instance.task_id)
             if handle:
-                self._sink(Event("job", step, data=dict(handle)))
+                self._sink(Event("job", step, data={**handle, "nodes": list(nodes or [])}))
         self._sink(Event("task_done", step, rank))
         if step.endswith("_follow") and rank is not None:
             self._sink(Event("exit", step, rank, exit_code=0))

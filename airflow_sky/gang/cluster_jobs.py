@@ -7,6 +7,7 @@ phase's watch for one round, so the status shown is the nodes' truth.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -163,7 +164,9 @@ class ClusterJobs:
                         grace_s=5.0,
                         record_exit_code=128 + signal.SIGTERM,
                     )
-                    self.states.update(state.job_id, lambda s, g=generation, p=phase: js.phase_killed(s, p, g))
+                    self.states.update(
+                        state.job_id, functools.partial(_killed, phase=phase, generation=generation)
+                    )
 
     # ---- logs ------------------------------------------------------------------------------------------
 
@@ -260,3 +263,7 @@ def _phase_over(status: JobStatus, phase: Phase) -> bool:
 
 def job_nodes_of(state: js.JobState) -> list[Node]:
     return [Node.from_dict(n) for n in state.nodes]
+
+
+def _killed(state: js.JobState, phase: Phase, generation: int) -> js.JobState:
+    return js.phase_killed(state, phase, generation)

@@ -60,16 +60,19 @@ class JobHandle:
     def node(self, rank: int) -> Node:
         return next(n for n in self.nodes if n.rank == rank)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, nodes: bool = True) -> dict[str, Any]:
+        """As a dict; without `nodes`, only what names the job (the job state holds its nodes)."""
+        data: dict[str, Any] = {
             "cluster_name": self.cluster_name,
             "infra": self.infra,
             "job_id": self.job_id,
             "sky_task_id": self.sky_task_id,
-            "nodes": [n.to_dict() for n in self.nodes],
             "num_run_nodes": self.num_run_nodes,
             "generation": self.generation,
         }
+        if nodes:
+            data["nodes"] = [n.to_dict() for n in self.nodes]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobHandle:
@@ -78,7 +81,7 @@ class JobHandle:
             infra=data["infra"],
             job_id=int(data["job_id"]),
             sky_task_id=data["sky_task_id"],
-            nodes=tuple(Node.from_dict(n) for n in data["nodes"]),
+            nodes=tuple(Node.from_dict(n) for n in data.get("nodes") or ()),
             num_run_nodes=int(data["num_run_nodes"]),
             generation=int(data.get("generation", 0)),
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from airflow_sky.gang.job import JobHandle
 from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.relaunch import current_handle
 from airflow_sky.hooks.cluster import SkyClusterHook
+from airflow_sky.infra.base import Node
 from airflow_sky.task import Task
 from airflow_sky.task.redaction import sensitive_values
 from airflow_sky.task.templating import protect_shell_syntax
@@ -50,7 +52,16 @@ class SkyBaseOperator(BaseOperator):
         self.conn_id = conn_id
 
     def handle(self) -> JobHandle:
-        return JobHandle.from_dict(self.cluster)
+        """The job this task works on, with its nodes as the job state has them."""
+        cached: JobHandle | None = getattr(self, "_handle", None)
+        if cached is not None:
+            return cached
+        handle = JobHandle.from_dict(self.cluster)
+        if not handle.nodes:
+            state = job_states(self.hook(handle).cluster).require(handle.job_id)
+            handle = dataclasses.replace(handle, nodes=tuple(Node.from_dict(n) for n in state.nodes))
+        self._handle = handle
+        return handle
 
     def latest_handle(self, context: Any) -> JobHandle:
         """The job as of its current generation (the job state): a recovery may have replaced nodes."""

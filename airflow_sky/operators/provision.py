@@ -76,5 +76,6 @@ class SkyProvisionOperator(SkyBaseOperator):
             self.log.info(
                 "node rank %d: %s (%s, %s)", node.rank, node.internal_ip, node.instance_id, node.status.value
             )
-        context["ti"].xcom_push(key="handle", value=handle.to_dict())
+        # Without the nodes: every task renders this XCom as a template field, and the job state has them.
+        context["ti"].xcom_push(key="handle", value=handle.to_dict(nodes=False))
         return [n.to_dict() for n in handle.nodes]
