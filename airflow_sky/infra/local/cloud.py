@@ -29,6 +29,7 @@ from airflow_sky.infra.state_store import StateStore
 # Loopback addresses handed to nodes: 127.0.0.2 upwards (127.0.0.1 stays the host's own).
 _FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
 _LAST_ADDRESS = ipaddress.IPv4Address("127.0.255.254")
+PROVISION_BATCH = 16  # node servers started at once
 
 
 @contextlib.contextmanager
@@ -75,15 +76,23 @@ class LocalCloud(Cloud):
             self._ensure_cluster_key(cluster)
             existing = {n.rank: n for n in self.nodes(cluster)}
             created: list[Path] = []
+            missing = [
+                r
+                for r in range(request.num_nodes)
+                if r not in existing or existing[r].status is not NodeStatus.RUNNING
+            ]
             try:
-                for rank in range(request.num_nodes):
-                    node = existing.get(rank)
-                    if node is not None and node.status is NodeStatus.RUNNING:
-                        continue
-                    if node is not None:  # a dead node keeps its rank on a fresh instance
-                        self._retire(cluster, node.instance_id)
-                    created.append(self._launch(cluster, rank))
-                self._wait(created)
+                # In batches: each node server is a Python process that takes a moment of CPU to start, and
+                # a hundred at once on a small machine would each wait past its own deadline.
+                for start in range(0, len(missing), PROVISION_BATCH):
+                    batch = []
+                    for rank in missing[start : start + PROVISION_BATCH]:
+                        node = existing.get(rank)
+                        if node is not None:  # a dead node keeps its rank on a fresh instance
+                            self._retire(cluster, node.instance_id)
+                        batch.append(self._launch(cluster, rank))
+                        created.append(batch[-1])
+                    self._wait(batch)
             except BaseException:
                 for node_dir in created:
                     self._retire(cluster, node_dir.name)
