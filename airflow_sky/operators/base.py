@@ -78,6 +78,15 @@ class SkyBaseOperator(BaseOperator):
         super().render_template_fields(context, jinja_env)
         self.mask_secrets()
 
+    def render_template(
+        self, content: Any, context: Any, jinja_env: Any = None, seen_oids: set[int] | None = None
+    ) -> Any:
+        # A string without Jinja syntax renders to itself: skip compiling it. Every per-node task renders
+        # the task's scripts and envs, and a 64-node job has hundreds of task instances.
+        if isinstance(content, str) and "{" not in content and not content.endswith(tuple(self.template_ext)):
+            return content
+        return super().render_template(content, context, jinja_env, seen_oids)
+
     def mask_secrets(self) -> None:
         """Register the task's secrets with Airflow's masker before anything can log them."""
         for key, value in sensitive_values(self.sky_task).items():
