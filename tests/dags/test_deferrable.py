@@ -62,10 +62,15 @@ def test_trigger_serializes_to_what_rebuilds_it():
         conn_id=None,
         nodes=[{"rank": 0, "internal_ip": "127.0.0.2"}],
         rank=0,
-        job_id="1-run",
+        job_id=1,
+        phase="run",
         generation=2,
+        owner="dag/run/job.run_follow/0",
         offset=128,
+        job_recovery={"max_restarts_on_errors": 1},
+        max_recoveries=2,
         secrets={"TOKEN": "x"},
+        min_wait_s=15.0,
     )
     classpath, kwargs = trigger.serialize()
     rebuilt = import_string(classpath)(**kwargs)

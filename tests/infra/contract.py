@@ -81,3 +81,21 @@ class CloudContract:
             failing_cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=3))
         assert failing_cloud.nodes(cluster) == []
         assert self.leftovers(cluster) == []
+
+    def test_state_store_writes_only_at_the_version_read(self, cloud: Cloud, cluster: str) -> None:
+        cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=1))
+        store = cloud.state_store(cluster)
+        assert store.get("jobs/1") is None
+        first = store.put("jobs/1", {"status": "INIT"}, None)
+        assert first is not None and store.put("jobs/1", {"status": "X"}, None) is None  # exists
+        second = store.put("jobs/1", {"status": "RUNNING"}, first.version)
+        assert second is not None and second.version != first.version
+        assert store.put("jobs/1", {"status": "LOST"}, first.version) is None  # a stale writer loses
+        assert store.get("jobs/1") == second
+        assert store.keys("jobs") == ["jobs/1"]
+
+    def test_state_store_goes_with_the_cluster(self, cloud: Cloud, cluster: str) -> None:
+        cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=1))
+        cloud.state_store(cluster).put("jobs/1", {"status": "INIT"}, None)
+        cloud.terminate(cluster)
+        assert cloud.state_store(cluster).get("jobs/1") is None

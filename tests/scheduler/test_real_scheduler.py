@@ -10,16 +10,12 @@ head's return.json reaching a downstream task through XCom, nothing left running
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 from airflow_sky.infra.local import daemon
-from airflow_sky.operators.provision import default_cluster_name
+from tests.scheduler.stack import run_stack
 
-DRIVER = Path(__file__).with_name("stack_driver.py")
 CLUSTER = "real-sched"
 
 DAG = """
@@ -61,7 +57,6 @@ def _overlap(a: dict[str, str], b: dict[str, str]) -> bool:
 def test_real_scheduler_defers_ranks_concurrently_recovers_a_preempted_worker_once_and_hands_off_xcom(
     tmp_path: Path,
 ):
-    assert shutil.which("unshare") and shutil.which("ip"), "needs util-linux unshare and iproute2 (bootstrap)"
     home = tmp_path / "airflow"
     (home / "dags").mkdir(parents=True)
     probe = tmp_path / "probe"
@@ -81,25 +76,7 @@ def test_real_scheduler_defers_ranks_concurrently_recovers_a_preempted_worker_on
         },
         "timeout_s": 420,
     }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    report_path = tmp_path / "report.json"
-    driver = subprocess.run(
-        [
-            "unshare",
-            "--net",
-            "--",
-            sys.executable,
-            str(DRIVER),
-            str(tmp_path / "config.json"),
-            str(report_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    log = (home / "standalone.log").read_text(errors="replace") if (home / "standalone.log").exists() else ""
-    assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]
-    report = json.loads(report_path.read_text())
+    report, log = run_stack(tmp_path, config, timeout_s=900)
     context = json.dumps(report, indent=1) + "\n" + log[-8000:]
     assert "error" not in report, context
     assert report["state"] == "success", context
@@ -120,72 +97,3 @@ def test_real_scheduler_defers_ranks_concurrently_recovers_a_preempted_worker_on
     # The head's return.json reached the downstream task.
     assert report["xcom"] in ({"rank": 0, "recoveries": 1}, json.dumps({"rank": 0, "recoveries": 1})), context
     assert daemon.processes_with_marker(CLUSTER) == []
-
-
-SHORT_JOB = """
-from airflow.sdk import DAG
-from airflow_sky import Task, sky_job
-
-task = Task(name="short", num_nodes=4, setup="sleep 5", run="sleep 5")
-# One run of each DAG at a time: two cores serve the scheduler, the API server, the triggerer and 8 nodes.
-with DAG({dag_id!r}, schedule=None, max_active_runs=1) as dag:
-    sky_job(task, deferrable={deferrable!r}{extra})
-"""
-
-
-def test_short_phases_never_lose_to_the_resume_after_defer_race_deferrable_or_blocking(tmp_path: Path):
-    """Airflow 3.3 fails a resumed task when its trigger fired before the scheduler processed the deferring
-    attempt's exit (apache/airflow #66374, #72716): with 5 s phases, two runs in three failed so.
-
-    Deferrable runs defer at once here (defer_after_s=0), so only the trigger's minimum wait protects them.
-    """
-    assert shutil.which("unshare") and shutil.which("ip"), "needs util-linux unshare and iproute2 (bootstrap)"
-    home = tmp_path / "airflow"
-    (home / "dags").mkdir(parents=True)
-    dags = {"short_deferrable": (True, ", defer_after_s=0"), "short_blocking": (False, "")}
-    for dag_id, (deferrable, extra) in dags.items():
-        (home / "dags" / f"{dag_id}.py").write_text(
-            SHORT_JOB.format(dag_id=dag_id, deferrable=deferrable, extra=extra)
-        )
-    config = {"home": str(home), "batch": dict.fromkeys(dags, 5), "timeout_s": 1200}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    report_path = tmp_path / "report.json"
-    driver = subprocess.run(
-        [
-            "unshare",
-            "--net",
-            "--",
-            sys.executable,
-            str(DRIVER),
-            str(tmp_path / "config.json"),
-            str(report_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    log = (home / "standalone.log").read_text(errors="replace") if (home / "standalone.log").exists() else ""
-    assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]
-    report = json.loads(report_path.read_text())
-    assert "error" not in report, json.dumps(report, indent=1)[:8000] + log[-8000:]
-    failed = [
-        (run["dag_id"], run["run_id"], [ti for ti in run["task_instances"] if ti["state"] != "success"])
-        for run in report["runs"]
-        if run["state"] != "success"
-    ]
-    mismatches = log.count("finished with state success, but the task instance's state attribute is")
-    assert not failed, (
-        f"{len(failed)}/10 runs failed ({mismatches} state mismatches): {failed}\n{log[-8000:]}"
-    )
-    assert len(report["runs"]) == 10
-    logs_dir = home / "logs" / "dag_id=short_deferrable"
-    task_logs = [p.read_text(errors="replace") for p in logs_dir.rglob("*.log")]
-    deferrals = sum(text.count("waiting in the triggerer") for text in task_logs)
-    # 8 follow tasks per run; one that starts after its phase's verdict has nothing to wait for.
-    assert deferrals >= 5 * 4, f"only {deferrals} deferrals in the deferrable runs' follow tasks"
-    print(
-        f"10/10 runs succeeded in {report['run_s']:.0f}s: {deferrals} deferrals, {mismatches} state mismatches"
-    )
-    for run in report["runs"]:
-        cluster = default_cluster_name(run["dag_id"], run["run_id"])
-        assert daemon.processes_with_marker(cluster) == [], f"{cluster} left processes behind"

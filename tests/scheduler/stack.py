@@ -1,0 +1,37 @@
+"""Running stack_driver.py inside a private network namespace, from a test."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+DRIVER = Path(__file__).with_name("stack_driver.py")
+
+
+def run_stack(tmp_path: Path, config: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str]:
+    """Run the driver with `config` (its `home` under tmp_path); returns (its report, the stack's log)."""
+    assert shutil.which("unshare") and shutil.which("ip"), "needs util-linux unshare and iproute2 (bootstrap)"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    report_path = tmp_path / "report.json"
+    driver = subprocess.run(
+        [
+            "unshare",
+            "--net",
+            "--",
+            sys.executable,
+            str(DRIVER),
+            str(tmp_path / "config.json"),
+            str(report_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    log_path = Path(config["home"]) / "standalone.log"
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]
+    return json.loads(report_path.read_text()), log
