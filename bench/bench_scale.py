@@ -30,6 +30,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "airflow_sky.client.cli"]
+# The baseline imports the SSH hook, and with it Airflow's config: never the user's ~/airflow.
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow_home" / "bench"))
 
 
 def _env(state: Path) -> dict[str, str]:
