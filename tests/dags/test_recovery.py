@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,16 @@ def _preempt_when(cluster: str, rank: int, ready: callable, timeout: float = 300
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def _started(probe: Path, ranks: int) -> Callable[[], bool]:
+    """Has every one of `ranks` ranks written its line to `probe`/starts?"""
+
+    def check() -> bool:
+        starts = probe / "starts"
+        return starts.exists() and len(starts.read_text().splitlines()) >= ranks
+
+    return check
 
 
 def _exit_code_files(cluster: str, job: str) -> dict[int, Path]:
@@ -128,11 +139,7 @@ task = Task(
 )
 """
 
-    def both_started() -> bool:
-        starts = tmp_path / "starts"
-        return starts.exists() and len(starts.read_text().splitlines()) >= 2
-
-    preempter = _preempt_when(cluster, 0, both_started)
+    preempter = _preempt_when(cluster, 0, _started(tmp_path, 2))
     result = run_dag("head_preempt", _dag("head_preempt", cluster, body))
     preempter.join(timeout=1)
     assert result.returncode == 0, result.output[-6000:]
@@ -202,9 +209,7 @@ task = Task(
 )
 """
 
-    def all_started() -> bool:
-        starts = tmp_path / "starts"
-        return starts.exists() and len(starts.read_text().splitlines()) >= 16
+    all_started = _started(tmp_path, 16)
 
     def preempt_both() -> None:
         deadline = time.monotonic() + 400
