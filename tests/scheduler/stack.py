@@ -35,3 +35,13 @@ def run_stack(tmp_path: Path, config: dict[str, Any], timeout_s: float) -> tuple
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
     assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]
     return json.loads(report_path.read_text()), log
+
+
+def terminate_clusters(prefix: str) -> None:
+    """Terminate the local clusters whose name starts with `prefix` (what a failed or aborted run left up)."""
+    from airflow_sky.infra.local.cloud import LocalCloud
+
+    cloud = LocalCloud()
+    for name in cloud.clusters():
+        if name.startswith(prefix):
+            cloud.terminate(name)

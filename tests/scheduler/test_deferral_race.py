@@ -12,7 +12,7 @@ from pathlib import Path
 
 from airflow_sky.infra.local import daemon
 from airflow_sky.operators.provision import default_cluster_name
-from tests.scheduler.stack import run_stack
+from tests.scheduler.stack import run_stack, terminate_clusters
 
 SHORT_JOB = """
 from airflow.sdk import DAG
@@ -39,26 +39,29 @@ def test_short_phases_never_lose_to_the_resume_after_defer_race_deferrable_or_bl
             SHORT_JOB.format(dag_id=dag_id, deferrable=deferrable, extra=extra)
         )
     config = {"home": str(home), "batch": dict.fromkeys(dags, 5), "timeout_s": 1200}
-    report, log = run_stack(tmp_path, config, timeout_s=1500)
-    assert "error" not in report, json.dumps(report, indent=1)[:8000] + log[-8000:]
-    failed = [
-        (run["dag_id"], run["run_id"], [ti for ti in run["task_instances"] if ti["state"] != "success"])
-        for run in report["runs"]
-        if run["state"] != "success"
-    ]
-    mismatches = log.count("finished with state success, but the task instance's state attribute is")
-    assert not failed, (
-        f"{len(failed)}/10 runs failed ({mismatches} state mismatches): {failed}\n{log[-8000:]}"
-    )
-    assert len(report["runs"]) == 10
-    logs_dir = home / "logs" / "dag_id=short_deferrable"
-    task_logs = [p.read_text(errors="replace") for p in logs_dir.rglob("*.log")]
-    deferrals = sum(text.count("waiting in the triggerer") for text in task_logs)
-    # 8 follow tasks per run; one that starts after its phase's verdict has nothing to wait for.
-    assert deferrals >= 5 * 4, f"only {deferrals} deferrals in the deferrable runs' follow tasks"
-    print(
-        f"10/10 runs succeeded in {report['run_s']:.0f}s: {deferrals} deferrals, {mismatches} state mismatches"
-    )
-    for run in report["runs"]:
-        cluster = default_cluster_name(run["dag_id"], run["run_id"])
-        assert daemon.processes_with_marker(cluster) == [], f"{cluster} left processes behind"
+    try:
+        report, log = run_stack(tmp_path, config, timeout_s=1500)
+        assert "error" not in report, json.dumps(report, indent=1)[:8000] + log[-8000:]
+        failed = [
+            (run["dag_id"], run["run_id"], [ti for ti in run["task_instances"] if ti["state"] != "success"])
+            for run in report["runs"]
+            if run["state"] != "success"
+        ]
+        mismatches = log.count("finished with state success, but the task instance's state attribute is")
+        assert not failed, (
+            f"{len(failed)}/10 runs failed ({mismatches} state mismatches): {failed}\n{log[-8000:]}"
+        )
+        assert len(report["runs"]) == 10
+        logs_dir = home / "logs" / "dag_id=short_deferrable"
+        task_logs = [p.read_text(errors="replace") for p in logs_dir.rglob("*.log")]
+        deferrals = sum(text.count("waiting in the triggerer") for text in task_logs)
+        # 8 follow tasks per run; one that starts after its phase's verdict has nothing to wait for.
+        assert deferrals >= 5 * 4, f"only {deferrals} deferrals in the deferrable runs' follow tasks"
+        print(
+            f"10/10 runs succeeded in {report['run_s']:.0f}s: {deferrals} deferrals, {mismatches} state mismatches"
+        )
+        for run in report["runs"]:
+            cluster = default_cluster_name(run["dag_id"], run["run_id"])
+            assert daemon.processes_with_marker(cluster) == [], f"{cluster} left processes behind"
+    finally:
+        terminate_clusters("short-")  # a failed or aborted run leaves its nodes up

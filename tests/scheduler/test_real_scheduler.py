@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from airflow_sky.infra.local import daemon
-from tests.scheduler.stack import run_stack
+from tests.scheduler.stack import run_stack, terminate_clusters
 
 CLUSTER = "real-sched"
 
@@ -76,24 +76,31 @@ def test_real_scheduler_defers_ranks_concurrently_recovers_a_preempted_worker_on
         },
         "timeout_s": 420,
     }
-    report, log = run_stack(tmp_path, config, timeout_s=900)
-    context = json.dumps(report, indent=1) + "\n" + log[-8000:]
-    assert "error" not in report, context
-    assert report["state"] == "success", context
-    tis = {(ti["task_id"], ti["map_index"]): ti for ti in report["task_instances"]}
-    assert all(ti["state"] == "success" for ti in tis.values()), context
+    try:
+        report, log = run_stack(tmp_path, config, timeout_s=900)
+        context = json.dumps(report, indent=1) + "\n" + log[-8000:]
+        assert "error" not in report, context
+        assert report["state"] == "success", context
+        tis = {(ti["task_id"], ti["map_index"]): ti for ti in report["task_instances"]}
+        assert all(ti["state"] == "success" for ti in tis.values()), context
 
-    # The scheduler ran both ranks' follow tasks at the same time; they waited in the triggerer.
-    follow = [tis[("realsched.run_follow", rank)] for rank in (0, 1)]
-    assert _overlap(*follow), context
-    assert ["realsched.run_follow", "deferred"] in report["seen_states"], context
+        # The scheduler ran both ranks' follow tasks at the same time; they waited in the triggerer.
+        follow = [tis[("realsched.run_follow", rank)] for rank in (0, 1)]
+        assert _overlap(*follow), context
+        assert ["realsched.run_follow", "deferred"] in report["seen_states"], context
 
-    # One recovery, led once: each rank started exactly once per generation, rank 1 on a new node.
-    starts = [line.split() for line in (probe / "starts").read_text().splitlines()]
-    assert sorted((s[1], s[0]) for s in starts) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], starts
-    worker_ip = {s[1]: s[2] for s in starts}
-    assert worker_ip["0"] != worker_ip["1"], starts
+        # One recovery, led once: each rank started exactly once per generation, rank 1 on a new node.
+        starts = [line.split() for line in (probe / "starts").read_text().splitlines()]
+        assert sorted((s[1], s[0]) for s in starts) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], (
+            starts
+        )
+        worker_ip = {s[1]: s[2] for s in starts}
+        assert worker_ip["0"] != worker_ip["1"], starts
 
-    # The head's return.json reached the downstream task.
-    assert report["xcom"] in ({"rank": 0, "recoveries": 1}, json.dumps({"rank": 0, "recoveries": 1})), context
-    assert daemon.processes_with_marker(CLUSTER) == []
+        # The head's return.json reached the downstream task.
+        assert report["xcom"] in ({"rank": 0, "recoveries": 1}, json.dumps({"rank": 0, "recoveries": 1})), (
+            context
+        )
+        assert daemon.processes_with_marker(CLUSTER) == []
+    finally:
+        terminate_clusters(CLUSTER)  # a failed run leaves its nodes up
