@@ -96,8 +96,8 @@ def run(
         if event.kind == "job":
             handle = JobHandle.from_dict(event.data)
             _remember(handle.cluster_name, handle.infra)
-            key_file = cluster_of(handle.cluster_name, handle.infra).key_file
-            ssh_config.write_entries(handle.cluster_name, handle.nodes, key_file)
+            cluster = cluster_of(handle.cluster_name, handle.infra)
+            ssh_config.write_entries(handle.cluster_name, handle.nodes, cluster.key_files(handle.nodes))
         if listener is not None:
             listener(event)
 

@@ -7,13 +7,12 @@ keys); `~/.ssh/config` gets one `Include` line for all of them. `down` removes t
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from airflow_sky.infra.base import Node
-from airflow_sky.infra.home import sky_home
+from airflow_sky.infra.home import sky_home, user_ssh_config
 
-USER_CONFIG_ENV = "AIRFLOW_SKY_SSH_CONFIG"  # the ssh config that includes ours (default ~/.ssh/config)
 _MARKER = "# Added by airflow-sky: host entries of launched clusters"
 
 
@@ -22,8 +21,7 @@ def config_dir() -> Path:
 
 
 def user_config() -> Path:
-    configured = os.environ.get(USER_CONFIG_ENV)
-    return Path(configured) if configured else Path.home() / ".ssh" / "config"
+    return user_ssh_config()
 
 
 def host_alias(cluster_name: str, rank: int) -> str:
@@ -34,7 +32,10 @@ def known_hosts_text(nodes: Sequence[Node]) -> str:
     return "".join(f"{line}\n" for node in nodes if (line := node.known_hosts_line))
 
 
-def config_text(cluster_name: str, nodes: Sequence[Node], key_file: str, known_hosts: Path) -> str:
+def config_text(
+    cluster_name: str, nodes: Sequence[Node], key_files: Mapping[int, str], known_hosts: Path
+) -> str:
+    """Host entries; `key_files` maps each rank to its private key (pool hosts may each have their own)."""
     blocks = []
     for node in nodes:
         blocks.append(
@@ -44,7 +45,7 @@ def config_text(cluster_name: str, nodes: Sequence[Node], key_file: str, known_h
                     f"  HostName {node.ssh_host}",
                     f"  Port {node.ssh_port}",
                     f"  User {node.ssh_user}",
-                    f'  IdentityFile "{key_file}"',
+                    f'  IdentityFile "{key_files[node.rank]}"',
                     "  IdentitiesOnly yes",
                     f'  UserKnownHostsFile "{known_hosts}"',
                     "  StrictHostKeyChecking yes",
@@ -55,14 +56,14 @@ def config_text(cluster_name: str, nodes: Sequence[Node], key_file: str, known_h
     return f"# airflow-sky cluster {cluster_name}\n" + "\n\n".join(blocks) + "\n"
 
 
-def write_entries(cluster_name: str, nodes: Sequence[Node], key_file: str) -> Path:
+def write_entries(cluster_name: str, nodes: Sequence[Node], key_files: Mapping[int, str]) -> Path:
     """Write the cluster's host entries and make sure the user's ssh config includes them."""
     directory = config_dir()
     directory.mkdir(parents=True, exist_ok=True)
     known_hosts = directory / f"{cluster_name}.known_hosts"
     known_hosts.write_text(known_hosts_text(nodes))
     path = directory / f"{cluster_name}.config"
-    path.write_text(config_text(cluster_name, nodes, key_file, known_hosts))
+    path.write_text(config_text(cluster_name, nodes, key_files, known_hosts))
     _ensure_include(directory)
     return path
 

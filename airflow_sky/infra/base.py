@@ -59,6 +59,10 @@ class Cloud(abc.ABC):
     def ssh_private_key(self, cluster_name: str) -> str:
         """Path of the private key that opens the cluster's nodes."""
 
+    def key_file_for(self, cluster_name: str, node: Node) -> str:
+        """Path of the private key that opens `node` (the cluster's key, unless the infra has one per node)."""
+        return self.ssh_private_key(cluster_name)
+
     @abc.abstractmethod
     def state_store(self, cluster_name: str) -> StateStore:
         """Where the cluster's job state lives: kept by the infra, surviving the loss of any node."""

@@ -8,7 +8,7 @@ one handed in and never see a driver or the hook.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
@@ -78,15 +78,22 @@ class Cluster:
 
     @property
     def key_file(self) -> str:
-        """The private key that opens the cluster's nodes."""
+        """The cluster's default private key (every node's, except on pools whose hosts have their own)."""
         return self.cloud.ssh_private_key(self.name)
+
+    def key_file_for(self, node: Node) -> str:
+        """The private key that opens `node`."""
+        return self.cloud.key_file_for(self.name, node)
+
+    def key_files(self, nodes: Iterable[Node]) -> dict[int, str]:
+        return {node.rank: self.key_file_for(node) for node in nodes}
 
     # ---- SSH -------------------------------------------------------------------------------------------
 
     def client(self, node: Node, conn_retry_attempts: int = 3) -> NodeClient:
         """A connection to `node`; a poller that retries on its own passes conn_retry_attempts=1, so a
         node that is gone is noticed at once instead of after the SSH hook's waits between attempts."""
-        return NodeClient(node, self.key_file, conn_retry_attempts=conn_retry_attempts)
+        return NodeClient(node, self.key_file_for(node), conn_retry_attempts=conn_retry_attempts)
 
     @contextlib.contextmanager
     def clients(self, nodes: Sequence[Node], conn_retry_attempts: int = 3) -> Iterator[dict[int, NodeClient]]:

@@ -12,7 +12,10 @@ from airflow_sky.infra.cluster import Cluster
 # infra name -> (module, class, pip extra that provides its dependencies or None)
 _DRIVERS: dict[str, tuple[str, str, str | None]] = {
     "local": ("airflow_sky.infra.local.cloud", "LocalCloud", None),
+    "ssh": ("airflow_sky.infra.ssh.cloud", "SshCloud", None),
 }
+# Infras whose `<cloud>/<location>` names something the driver needs (the pool), and the argument it goes in.
+_LOCATION_ARGUMENT = {"ssh": "pool"}
 # Infras that need no credentials, so take no Airflow connection.
 _NO_CONNECTION = {"local"}
 
@@ -47,7 +50,13 @@ def get_cloud(infra: str, conn_id: str | None = None) -> Cloud:
         hint = f" (pip install 'airflow-sky[{extra}]')" if extra else ""
         raise SpecError(f"infra: {cloud_name} needs packages that are not installed{hint}: {e}") from e
     factory: Callable[..., Cloud] = getattr(module, class_name)
-    return factory() if conn_id is None else factory(conn_id=conn_id)
+    kwargs: dict[str, str] = {} if conn_id is None else {"conn_id": conn_id}
+    location = (infra or "local").split("/", 1)[1] if "/" in (infra or "") else ""
+    if cloud_name in _LOCATION_ARGUMENT:
+        if not location:
+            raise SpecError(f"infra: {cloud_name} needs a pool name: {cloud_name}/<pool> (got {infra!r})")
+        kwargs[_LOCATION_ARGUMENT[cloud_name]] = location
+    return factory(**kwargs)
 
 
 def open_cluster(cluster_name: str, infra: str | None = None, conn_id: str | None = None) -> Cluster:

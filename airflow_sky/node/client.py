@@ -321,6 +321,14 @@ class NodeClient:
             except FileNotFoundError:
                 return None
 
+    def listdir(self, remote_path: str) -> list[str] | None:
+        """The names in a remote directory, or None when it does not exist."""
+        with self._sftp_call(f"listing of {remote_path}") as sftp:
+            try:
+                return sftp.listdir(remote_path)
+            except FileNotFoundError:
+                return None
+
     def rename(self, source: str, destination: str) -> None:
         """Atomic rename over an existing file (POSIX rename)."""
         with self._sftp_call(f"rename of {source}") as sftp:

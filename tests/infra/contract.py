@@ -45,7 +45,7 @@ class CloudContract:
     def test_nodes_are_reachable_over_ssh_with_the_cluster_key(self, cloud: Cloud, cluster: str) -> None:
         nodes = cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=2))
         for node in nodes:
-            with NodeClient(node, cloud.ssh_private_key(cluster)) as client:
+            with NodeClient(node, cloud.key_file_for(cluster, node)) as client:
                 assert client.exec("echo ok") == (0, b"ok\n", b"")
 
     def test_provision_is_idempotent(self, cloud: Cloud, cluster: str) -> None:

@@ -112,8 +112,7 @@ def _ssh(args: argparse.Namespace) -> int:
         )
     if shutil.which("ssh") is None:
         raise ClusterError("the OpenSSH client (ssh) is not installed")
-    key_file = cluster.key_file
-    config = ssh_config.write_entries(args.cluster, list(nodes.values()), key_file)
+    config = ssh_config.write_entries(args.cluster, list(nodes.values()), cluster.key_files(nodes.values()))
     argv = [
         "ssh",
         "-F",

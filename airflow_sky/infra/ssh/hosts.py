@@ -1,0 +1,174 @@
+"""What the ssh infra does on a pool's hosts: probe them, lock them for a cluster, clean them at teardown.
+
+The lock is one file in the login user's home, `~/.airflow_sky/host.lock`, naming the cluster, the rank and
+a token. It is created with `ln` from a complete temp file: `ln` fails when the name exists, so exactly one
+cluster wins a host, and a reader never sees half a record. Shell text comes from the pure functions below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import socket
+import time
+from typing import Any
+
+from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
+from airflow_sky.node.client import NodeClient
+from airflow_sky.node.paths import JOBS_DIR, QUEUE_DIR
+
+LOCK_PATH = ".airflow_sky/host.lock"  # relative to the login user's home (what SFTP sees)
+_GPU_MARKER = "--- gpus ---"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLock:
+    """Who holds a host: the cluster, the rank it gave the host, and the token of that allocation."""
+
+    cluster: str
+    rank: int
+    pool: str
+    token: str
+    locked_at: float = 0.0
+    locked_by: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> HostLock | None:
+        try:
+            data: dict[str, Any] = json.loads(raw)
+            return cls(
+                cluster=str(data["cluster"]),
+                rank=int(data["rank"]),
+                pool=str(data.get("pool", "")),
+                token=str(data["token"]),
+                locked_at=float(data.get("locked_at") or 0.0),
+                locked_by=str(data.get("locked_by") or ""),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.locked_at)) if self.locked_at else "?"
+        return f"cluster {self.cluster!r} (rank {self.rank}, since {since})"
+
+
+def new_lock(cluster: str, rank: int, pool: str, token: str) -> HostLock:
+    return HostLock(cluster, rank, pool, token, time.time(), socket.gethostname())
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFacts:
+    """What a probe learned about a host."""
+
+    lock: HostLock | None
+    lock_unreadable: bool  # a lock file exists but is not ours to parse (being written, or foreign)
+    bash: str
+    rsync: bool
+    python: str
+    gpus: Gpus
+
+
+# ---- shell text (pure) -------------------------------------------------------------------------------
+
+
+def probe_command() -> str:
+    """One exec: the lock, the tools the job layer needs, and nvidia-smi's view of the GPUs."""
+    return f"""\
+printf 'lock %s\\n' "$(cat "$HOME"/{LOCK_PATH} 2>/dev/null | tr -d '\\n' || true)"
+printf 'bash %s\\n' "${{BASH_VERSION:--}}"
+printf 'rsync %s\\n' "$(command -v rsync >/dev/null 2>&1 && echo 1 || echo 0)"
+printf 'python %s\\n' "$(python3 -c 'import platform; print(platform.python_version())' 2>/dev/null || echo -)"
+echo {shlex.quote(_GPU_MARKER)}
+{QUERY_COMMAND} || true
+"""
+
+
+def parse_probe(output: str) -> HostFacts:
+    head, _, gpu_text = output.partition(_GPU_MARKER + "\n")
+    values: dict[str, str] = {}
+    for line in head.splitlines():
+        key, _, value = line.partition(" ")
+        values[key] = value.strip()
+    raw_lock = values.get("lock", "")
+    lock = HostLock.parse(raw_lock) if raw_lock else None
+    return HostFacts(
+        lock=lock,
+        lock_unreadable=bool(raw_lock) and lock is None,
+        bash=values.get("bash", "-"),
+        rsync=values.get("rsync") == "1",
+        python=values.get("python", "-"),
+        gpus=parse_nvidia_smi(gpu_text),
+    )
+
+
+def acquire_command() -> str:
+    """Create the lock from the record on stdin unless one exists; print `acquired`, or `held` and the holder."""
+    return f"""\
+set -u
+umask 077
+mkdir -p "$HOME/.airflow_sky"
+tmp=$(mktemp "$HOME/.airflow_sky/.host.lock.XXXXXX")
+cat > "$tmp"
+if ln "$tmp" "$HOME"/{LOCK_PATH} 2>/dev/null; then rm -f "$tmp"; echo acquired
+else rm -f "$tmp"; echo held; cat "$HOME"/{LOCK_PATH} 2>/dev/null || true; fi
+"""
+
+
+def release_command(token: str) -> str:
+    """Remove the lock only when it is still the allocation `token` (never another cluster's)."""
+    return f"""\
+f="$HOME"/{LOCK_PATH}
+if grep -qF {shlex.quote(json.dumps(token))} "$f" 2>/dev/null; then rm -f "$f"; echo released; else echo kept; fi
+"""
+
+
+def clean_command() -> str:
+    """Stop every job the cluster started on the host (their process groups) and remove the job records.
+
+    Teardown leaves the machine itself (and ~/sky_workdir) as it found it otherwise.
+    """
+    return f"""\
+for p in "$HOME"/{JOBS_DIR}/*/gen-*/pid; do
+  [ -f "$p" ] || continue
+  pid=$(cat "$p" 2>/dev/null || true)
+  case "$pid" in ''|*[!0-9]*|0|1) continue;; esac
+  kill -9 -- "-$pid" 2>/dev/null || true
+done
+rm -rf -- "$HOME"/{JOBS_DIR} "$HOME"/{QUEUE_DIR}
+"""
+
+
+# ---- over SSH ----------------------------------------------------------------------------------------
+
+
+def probe(client: NodeClient) -> HostFacts:
+    _rc, out, _err = client.exec(probe_command(), timeout=30)
+    return parse_probe(out.decode(errors="replace"))
+
+
+def acquire(client: NodeClient, lock: HostLock) -> HostLock | None:
+    """Take the host for `lock`; None on success, else the current holder (or a placeholder if unreadable)."""
+    rc, out, _err = client.exec(acquire_command(), stdin=lock.to_json().encode(), timeout=30)
+    text = out.decode(errors="replace")
+    if rc == 0 and text.startswith("acquired"):
+        return None
+    holder = HostLock.parse(text.partition("\n")[2]) if text.startswith("held") else None
+    return holder or HostLock(cluster="?", rank=-1, pool="", token="")
+
+
+def read_lock(client: NodeClient) -> HostLock | None:
+    raw = client.read_file(LOCK_PATH, max_bytes=64 * 1024)
+    return HostLock.parse(raw) if raw else None
+
+
+def release(client: NodeClient, token: str) -> bool:
+    _rc, out, _ = client.exec(release_command(token), timeout=30)
+    return out.startswith(b"released")
+
+
+def clean(client: NodeClient) -> None:
+    client.exec(clean_command(), timeout=60)
