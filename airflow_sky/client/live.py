@@ -211,12 +211,12 @@ class NodeLogs:
         for log in self._logs:
             if log.phase not in self._active:
                 continue
-            client = self._client(log.rank)
-            if client is None:
-                continue
             if final:
                 log.next_check = 0.0
             try:
+                client = self._client(log.rank)
+                if client is None:
+                    continue
                 busy = log.poll(client, state) or busy
             except RemoteError:
                 self._lost(log.rank)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from airflow_sky.errors import JobFailed
+from airflow_sky.errors import ClusterError, JobFailed
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus
 from airflow_sky.gang.phases import phase_env
@@ -172,7 +172,12 @@ def _relaunch(
             nodes[rank] = current  # replaced already by a leader before this one, or never down
             continue
         log(f"Replacing the node of rank {rank} ({node.internal_ip}, {node.instance_id})")
-        nodes[rank] = cluster.replace(rank)
+        try:
+            nodes[rank] = cluster.replace(rank)
+        except ClusterError as e:
+            # The infra has no node to give (an ssh pool without a spare host, say): the job ends here
+            # with that reason, rather than every follower taking the lead in turn to fail the same way.
+            raise JobFailed(str(e), rank=rank) from e
         log(f"rank {rank} is now {nodes[rank].internal_ip} ({nodes[rank].instance_id})")
     new_handle = dataclasses.replace(
         handle, nodes=tuple(nodes[r] for r in sorted(nodes)), generation=claim.target

@@ -131,7 +131,10 @@ class SshdPool:
             "".join(f"[{h.address}]:{PORT} {h.public_host_key()}\n" for h in self.hosts)
         )
         self.ssh_config.write_text(
-            "".join(f"Host {h.alias}\n  HostName {h.address}\n  Port {PORT}\n  User {h.user}\n\n" for h in self.hosts)
+            "".join(
+                f"Host {h.alias}\n  HostName {h.address}\n  Port {PORT}\n  User {h.user}\n\n"
+                for h in self.hosts
+            )
         )
         return self
 
@@ -162,7 +165,11 @@ def _create_user(user: str, home: Path, public_key: str) -> None:
         subprocess.run(["pkill", "-KILL", "-u", user], check=False)
         subprocess.run(["userdel", "-f", user], check=False, capture_output=True)
     home.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["useradd", "-M", "-p", "*", "-d", str(home), "-s", "/bin/bash", user], check=True, capture_output=True)
+    subprocess.run(
+        ["useradd", "-M", "-p", "*", "-d", str(home), "-s", "/bin/bash", user],
+        check=True,
+        capture_output=True,
+    )
     ssh_dir = home / ".ssh"
     ssh_dir.mkdir(exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(public_key)

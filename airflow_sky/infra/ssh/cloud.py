@@ -383,7 +383,7 @@ class SshCloud(Cloud):
             instance_id=f"{member.host}#{member.token}",
             status=status,
             gpus=member.gpus,
-            host_key=self._pinned_key(host) if host and status is NodeStatus.RUNNING else None,
+            host_key=self._known_key(host) if host else None,
         )
 
     # ---- hosts and connections -------------------------------------------------------------------------
@@ -427,6 +427,12 @@ class SshCloud(Cloud):
         key_type = next((t for t in preferred if t in found), next(iter(found.keys())))
         key = found[key_type]
         return f"{key.get_name()} {key.get_base64()}"
+
+    def _known_key(self, host: PoolHost) -> str | None:
+        try:
+            return self._pinned_key(host)
+        except ClusterError:
+            return None
 
     def _client(self, host: PoolHost) -> NodeClient:
         """This driver's connection to `host` (kept open: nodes() is polled), opened on first use."""
