@@ -35,10 +35,18 @@ def register(subparsers: Any) -> None:
     cancel.add_argument("--all", action="store_true", help="cancel every unfinished job")
     cancel.set_defaults(handler=_cancel)
 
-    ssh = subparsers.add_parser("ssh", help="open a shell (or run a command) on a node")
-    ssh.add_argument("cluster")
-    ssh.add_argument("rank", nargs="?", type=int, default=0, help="node rank (default: 0, the head)")
-    ssh.add_argument("command", nargs=argparse.REMAINDER, help="a command to run instead of a shell")
+    ssh = subparsers.add_parser(
+        "ssh",
+        help="open a shell (or run a command) on a node; `ssh check|unlock POOL` for ssh node pools",
+        usage="airflow-sky ssh CLUSTER [RANK] [COMMAND ...] | ssh check POOL | ssh unlock POOL [HOST ...] [--force]",
+    )
+    ssh.add_argument("cluster", metavar="CLUSTER", help="a cluster, or `check` / `unlock` followed by a pool")
+    ssh.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="[RANK] [COMMAND ...]",
+        help="node rank (default: 0, the head), then a command to run instead of a shell",
+    )
     ssh.set_defaults(handler=_ssh)
 
 
@@ -99,17 +107,21 @@ def _cancel(args: argparse.Namespace) -> int:
 def _ssh(args: argparse.Namespace) -> int:
     """Replace this process with OpenSSH, using the cluster's key and pinned host keys."""
     from airflow_sky.client import ssh_config
+    from airflow_sky.client.cli import ssh_pool
     from airflow_sky.client.sdk import cluster_of
 
+    if args.cluster in ssh_pool.ACTIONS:
+        return ssh_pool.run(args.cluster, args.command)
+    rank, command = 0, list(args.command)
+    if command and command[0].isdigit():
+        rank, command = int(command[0]), command[1:]
     cluster = cluster_of(args.cluster)
     nodes = {n.rank: n for n in cluster.nodes()}
     if not nodes:
         raise ClusterError(f"cluster {args.cluster!r} not found on {cluster.infra}")
-    node = nodes.get(args.rank)
+    node = nodes.get(rank)
     if node is None:
-        raise ClusterError(
-            f"cluster {args.cluster!r} has no node of rank {args.rank} (ranks: {sorted(nodes)})"
-        )
+        raise ClusterError(f"cluster {args.cluster!r} has no node of rank {rank} (ranks: {sorted(nodes)})")
     if shutil.which("ssh") is None:
         raise ClusterError("the OpenSSH client (ssh) is not installed")
     config = ssh_config.write_entries(args.cluster, list(nodes.values()), cluster.key_files(nodes.values()))
@@ -117,9 +129,9 @@ def _ssh(args: argparse.Namespace) -> int:
         "ssh",
         "-F",
         str(config),
-        *([] if args.command else ["-t"]),
+        *([] if command else ["-t"]),
         ssh_config.host_alias(args.cluster, node.rank),
     ]
     sys.stdout.flush()
-    os.execvp("ssh", argv + list(args.command))
+    os.execvp("ssh", argv + command)
     return 0  # not reached

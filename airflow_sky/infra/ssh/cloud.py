@@ -53,6 +53,7 @@ class Member:
     host: str  # PoolHost.label
     token: str
     gpus: int
+    ip: str  # the internal IP the other nodes reach it at (SKYPILOT_NODE_IPS)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -285,7 +286,8 @@ class SshCloud(Cloud):
                 if holder is not None:  # another cluster got there between the probe and the lock
                     held.append(f"{host.label}: {holder.describe()}")
                     continue
-                chosen.append(Member(rank, host.label, token, self._gpu_count(facts.gpus, accelerators)))
+                ip = hosts.internal_ip(_resolved(host.address), facts.addresses)
+                chosen.append(Member(rank, host.label, token, self._gpu_count(facts.gpus, accelerators), ip))
                 pending.pop(0)
         except BaseException:
             for member in chosen:
@@ -376,7 +378,7 @@ class SshCloud(Cloud):
         address = host.address if host else member.host.rpartition("@")[2]
         return Node(
             rank=member.rank,
-            internal_ip=_internal_ip(address),
+            internal_ip=member.ip,
             ssh_host=address,
             ssh_port=host.port if host else 22,
             ssh_user=host.user if host else member.host.partition("@")[0],
@@ -481,7 +483,9 @@ def _members(data: dict[str, Any] | None) -> dict[int, Member]:
     if not data:
         return {}
     return {
-        int(m["rank"]): Member(int(m["rank"]), str(m["host"]), str(m["token"]), int(m.get("gpus") or 0))
+        int(m["rank"]): Member(
+            int(m["rank"]), str(m["host"]), str(m["token"]), int(m.get("gpus") or 0), str(m["ip"])
+        )
         for m in data.get("nodes", [])
     }
 
@@ -490,8 +494,8 @@ def _host_label(instance_id: str) -> str:
     return instance_id.rpartition("#")[0] or instance_id
 
 
-def _internal_ip(address: str) -> str:
-    """SKYPILOT_NODE_IPS: the address the pool names (an alias's HostName resolved to an IP)."""
+def _resolved(address: str) -> str:
+    """An ssh-config HostName that is a DNS name, as an IP (what SKYPILOT_NODE_IPS carries)."""
     if is_ip(address):
         return address
     with contextlib.suppress(OSError):

@@ -8,6 +8,7 @@ cluster wins a host, and a reader never sees half a record. Shell text comes fro
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import shlex
 import socket
@@ -70,6 +71,7 @@ class HostFacts:
     rsync: bool
     python: str
     gpus: Gpus
+    addresses: tuple[str, ...] = ()  # what `hostname -I` lists
 
 
 # ---- shell text (pure) -------------------------------------------------------------------------------
@@ -81,6 +83,7 @@ def probe_command() -> str:
 printf 'lock %s\\n' "$(cat "$HOME"/{LOCK_PATH} 2>/dev/null | tr -d '\\n' || true)"
 printf 'bash %s\\n' "${{BASH_VERSION:--}}"
 printf 'rsync %s\\n' "$(command -v rsync >/dev/null 2>&1 && echo 1 || echo 0)"
+printf 'addrs %s\\n' "$(hostname -I 2>/dev/null || true)"
 printf 'python %s\\n' "$(python3 -c 'import platform; print(platform.python_version())' 2>/dev/null || echo -)"
 echo {shlex.quote(_GPU_MARKER)}
 {QUERY_COMMAND} || true
@@ -102,7 +105,31 @@ def parse_probe(output: str) -> HostFacts:
         rsync=values.get("rsync") == "1",
         python=values.get("python", "-"),
         gpus=parse_nvidia_smi(gpu_text),
+        addresses=tuple(values.get("addrs", "").split()),
     )
+
+
+def internal_ip(pool_address: str, host_addresses: tuple[str, ...]) -> str:
+    """The address the other nodes reach this host at, for SKYPILOT_NODE_IPS.
+
+    A private (or loopback) address in the pool is the cluster network already. A public one is how this
+    client reaches the host, not how the hosts talk to each other: then the host's own first private
+    IPv4 address (`hostname -I`) is the one, as a cloud's internal IP would be; failing that, the pool's.
+    """
+    try:
+        address = ipaddress.ip_address(pool_address)
+    except ValueError:
+        return pool_address
+    if address.is_private or address.is_loopback:
+        return pool_address
+    for candidate in host_addresses:
+        try:
+            own = ipaddress.ip_address(candidate)
+        except ValueError:
+            continue
+        if own.version == 4 and own.is_private and not own.is_loopback and not own.is_link_local:
+            return candidate
+    return pool_address
 
 
 def acquire_command() -> str:

@@ -1,0 +1,83 @@
+"""`airflow-sky ssh check POOL` and `airflow-sky ssh unlock POOL`: the hosts of an ssh node pool.
+
+`check` connects to every host and prints one row each, like `sky check`: reachable, key accepted, the
+tools the job layer needs (bash, rsync, python3), the GPUs nvidia-smi reports, and who holds the host.
+`unlock` breaks stale locks: a lock whose cluster no longer has the host (torn down while the host was
+off, or replaced away from it); `--force` breaks live ones too.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from airflow_sky.infra.ssh.cloud import SshCloud
+
+ACTIONS = ("check", "unlock")
+
+
+def run(action: str, argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"airflow-sky ssh {action}")
+    parser.add_argument("pool", help="the pool's name (in ssh_node_pools.yaml, or the connection's)")
+    parser.add_argument("--conn-id", help="an Airflow connection of type sky_ssh_pool defining the pool")
+    if action == "unlock":
+        parser.add_argument("hosts", nargs="*", help="only these hosts (as the pool lists them)")
+        parser.add_argument("--force", action="store_true", help="also break locks of live clusters")
+    args = parser.parse_args(list(argv))
+    from airflow_sky.infra.ssh.cloud import SshCloud  # imports Airflow's SSH hook: not at CLI start
+
+    cloud = SshCloud(args.pool, conn_id=args.conn_id)
+    return _check(cloud) if action == "check" else _unlock(cloud, args.hosts, args.force)
+
+
+def _check(cloud: SshCloud) -> int:
+    console = Console(highlight=False, soft_wrap=True)
+    statuses = cloud.check()
+    table = Table(title=f"ssh/{cloud.pool_name} ({cloud.pool.source})")
+    for column in ("#", "HOST", "SSH", "BASH", "RSYNC", "PYTHON3", "GPUS", "HELD BY"):
+        table.add_column(column)
+    healthy = True
+    for status in statuses:
+        host = status.host
+        facts = status.facts
+        if facts is None:
+            healthy = False
+            table.add_row(str(host.index), host.label, f"[red]✗ {_short(status.error)}[/red]", *["-"] * 5)
+            continue
+        ok_tools = facts.bash != "-" and facts.python != "-"
+        healthy = healthy and ok_tools
+        table.add_row(
+            str(host.index),
+            host.label,
+            "[green]✓[/green]",
+            facts.bash if facts.bash != "-" else "[red]missing[/red]",
+            "✓" if facts.rsync else "[yellow]no (SFTP used)[/yellow]",
+            facts.python if facts.python != "-" else "[red]missing[/red]",
+            facts.gpus.describe(),
+            facts.lock.describe() if facts.lock else ("locked" if facts.lock_unreadable else "free"),
+        )
+    console.print(table)
+    if not healthy:
+        console.print("Some hosts cannot run jobs; see the rows marked ✗ or missing.")
+    return 0 if healthy else 1
+
+
+def _short(error: str | None) -> str:
+    text = error or "unreachable"
+    return text if len(text) <= 90 else text[:87] + "..."
+
+
+def _unlock(cloud: SshCloud, hosts: Sequence[str], force: bool) -> int:
+    broken = cloud.unlock(hosts, force=force)
+    if not broken:
+        print(
+            f"No stale lock in ssh/{cloud.pool_name}" + (" (use --force for live ones)" if not force else "")
+        )
+    for host, lock in broken:
+        print(f"Unlocked {host.label}: was held by {lock.describe()}")
+    return 0
