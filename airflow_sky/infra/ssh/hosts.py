@@ -19,7 +19,8 @@ from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import JOBS_DIR, QUEUE_DIR
 
-LOCK_PATH = ".airflow_sky/host.lock"  # relative to the login user's home (what SFTP sees)
+LOCK_PATH = ".airflow_sky/host.lock"
+_DOCKER_BRIDGE = ipaddress.ip_network("172.17.0.0/16")  # relative to the login user's home (what SFTP sees)
 _GPU_MARKER = "--- gpus ---"
 
 
@@ -127,7 +128,13 @@ def internal_ip(pool_address: str, host_addresses: tuple[str, ...]) -> str:
             own = ipaddress.ip_address(candidate)
         except ValueError:
             continue
-        if own.version == 4 and own.is_private and not own.is_loopback and not own.is_link_local:
+        if (
+            own.version == 4
+            and own.is_private
+            and not own.is_loopback
+            and not own.is_link_local
+            and own not in _DOCKER_BRIDGE  # docker0 on the host: not reachable from other hosts
+        ):
             return candidate
     return pool_address
 

@@ -1,0 +1,73 @@
+"""The shell the ssh infra runs on a host (lock, release, clean, probe), run in a real local bash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from airflow_sky.infra.ssh import hosts
+
+
+def _bash(script: str, home: Path, stdin: str = "") -> str:
+    env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    return subprocess.run(
+        ["bash", "-c", script], input=stdin, env=env, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_the_first_lock_wins_and_the_second_learns_the_holder(tmp_path: Path) -> None:
+    first = hosts.new_lock("train", 0, "pool", "aaaa")
+    second = hosts.new_lock("other", 1, "pool", "bbbb")
+    assert _bash(hosts.acquire_command(), tmp_path, first.to_json()).strip() == "acquired"
+    out = _bash(hosts.acquire_command(), tmp_path, second.to_json())
+    status, _, holder = out.partition("\n")
+    assert status == "held" and hosts.HostLock.parse(holder) == first
+    assert sorted(p.name for p in (tmp_path / ".airflow_sky").iterdir()) == ["host.lock"]  # no temp left
+    assert oct((tmp_path / ".airflow_sky" / "host.lock").stat().st_mode & 0o777) == "0o600"
+
+
+def test_release_removes_only_the_lock_of_its_own_allocation(tmp_path: Path) -> None:
+    _bash(hosts.acquire_command(), tmp_path, hosts.new_lock("train", 0, "pool", "aaaa").to_json())
+    assert _bash(hosts.release_command("bbbb"), tmp_path).strip() == "kept"
+    assert (tmp_path / hosts.LOCK_PATH).exists()
+    assert _bash(hosts.release_command("aaaa"), tmp_path).strip() == "released"
+    assert not (tmp_path / hosts.LOCK_PATH).exists()
+
+
+def test_clean_stops_the_jobs_process_groups_and_removes_their_records(tmp_path: Path) -> None:
+    gen = tmp_path / ".airflow_sky" / "jobs" / "1-run" / "gen-0"
+    gen.mkdir(parents=True)
+    job = subprocess.Popen(["setsid", "bash", "-c", f"echo $$ > {gen}/pid; sleep 300 & wait"])
+    deadline = time.monotonic() + 5
+    while not (gen / "pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pgid = int((gen / "pid").read_text())
+    _bash(hosts.clean_command(), tmp_path)
+    job.wait(timeout=5)
+    assert not (tmp_path / ".airflow_sky" / "jobs").exists()
+    assert subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True).returncode == 1  # no process left
+
+
+def test_the_probe_reports_lock_tools_addresses_and_gpus(tmp_path: Path) -> None:
+    _bash(hosts.acquire_command(), tmp_path, hosts.new_lock("train", 2, "pool", "cccc").to_json())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/bash\necho 'NVIDIA L4, 2'\necho 'NVIDIA L4, 2'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(
+        ["bash", "-c", hosts.probe_command()], env=env, capture_output=True, text=True
+    ).stdout
+    facts = hosts.parse_probe(out)
+    assert facts.lock is not None and (facts.lock.cluster, facts.lock.rank) == ("train", 2)
+    assert facts.bash != "-" and facts.python != "-"
+    assert facts.gpus.names == ("NVIDIA L4", "NVIDIA L4")
+
+
+def test_a_public_pool_address_gives_way_to_the_hosts_private_one() -> None:
+    assert hosts.internal_ip("10.0.0.5", ("10.0.0.5",)) == "10.0.0.5"
+    assert hosts.internal_ip("127.0.200.2", ()) == "127.0.200.2"
+    assert hosts.internal_ip("34.1.2.3", ("34.1.2.3", "172.17.0.1", "10.128.0.7")) == "10.128.0.7"
+    assert hosts.internal_ip("34.1.2.3", ("34.1.2.3",)) == "34.1.2.3"
