@@ -67,6 +67,9 @@ class Cloud(abc.ABC):
     def state_store(self, cluster_name: str) -> StateStore:
         """Where the cluster's job state lives: kept by the infra, surviving the loss of any node."""
 
+    def check_config(self) -> None:
+        """Refuse a bad local configuration (a pool file, a credential) before anything connects."""
+
     def clusters(self) -> Sequence[str]:
         """Names of the clusters this infra knows about."""
         return []

@@ -42,10 +42,11 @@ class SshdHost:
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        key = asyncssh.generate_private_key("ssh-ed25519")
-        key.write_private_key(str(self.dir / "host_key"))
-        os.chmod(self.dir / "host_key", 0o600)
-        key.write_public_key(str(self.dir / "host_key.pub"))
+        if not (self.dir / "host_key").exists():  # a restarted host keeps its identity
+            key = asyncssh.generate_private_key("ssh-ed25519")
+            key.write_private_key(str(self.dir / "host_key"))
+            os.chmod(self.dir / "host_key", 0o600)
+            key.write_public_key(str(self.dir / "host_key.pub"))
         config = self.dir / "sshd_config"
         config.write_text(
             "\n".join(
@@ -80,6 +81,8 @@ class SshdHost:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        # The per-connection sshd monitors (root) too, so that no session of this host lives on.
+        subprocess.run(["pkill", "-KILL", "-f", f"^sshd: {self.user}[ @]"], check=False)
         subprocess.run(["pkill", "-KILL", "-u", self.user], check=False)
 
     def restart(self) -> None:
@@ -156,7 +159,12 @@ class SshdPool:
         out = subprocess.run(
             ["pgrep", "-a", "-u", ",".join(h.user for h in self.hosts)], capture_output=True, text=True
         ).stdout
-        return [line for line in out.splitlines() if line.strip() and " sshd: " not in line]
+        # Zombies are dead already: where PID 1 does not reap (containers), killed sessions linger as them.
+        return [
+            line
+            for line in out.splitlines()
+            if line.strip() and " sshd: " not in line and not line.endswith("<defunct>")
+        ]
 
 
 def _create_user(user: str, home: Path, public_key: str) -> None:

@@ -99,6 +99,9 @@ class SshCloud(Cloud):
 
     # ---- Cloud interface -------------------------------------------------------------------------------
 
+    def check_config(self) -> None:
+        _ = self.pool  # parsed and validated: the file, the pool, each host's key
+
     def provision(self, request: ProvisionRequest) -> list[Node]:
         cluster = request.cluster_name
         accelerators = _accelerators(request)
