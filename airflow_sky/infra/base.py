@@ -67,7 +67,7 @@ class Cloud(abc.ABC):
     def state_store(self, cluster_name: str) -> StateStore:
         """Where the cluster's job state lives: kept by the infra, surviving the loss of any node."""
 
-    def check_config(self) -> None:
+    def check_config(self) -> None:  # noqa: B027 - optional hook: most infras have nothing to check
         """Refuse a bad local configuration (a pool file, a credential) before anything connects."""
 
     def clusters(self) -> Sequence[str]:

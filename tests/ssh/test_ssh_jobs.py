@@ -36,7 +36,9 @@ def pool(sshd_pool: SshdPool, tmp_path_factory: pytest.TempPathFactory) -> SshdP
     return sshd_pool
 
 
-def _launch(task_file: Path, cluster: str, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _launch(
+    task_file: Path, cluster: str, *extra: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CLI, "launch", "-c", cluster, str(task_file), "-y", "--down", *extra],
         capture_output=True,
@@ -116,7 +118,9 @@ run: |
     started = time.monotonic()
     result = _launch(task, "ff", "--infra", f"ssh/{POOL}")
     assert result.returncode != 0
-    assert "rank 1 failed with exit code 7; killed the processes on the other nodes" in result.stdout, result.stdout
+    assert "rank 1 failed with exit code 7; killed the processes on the other nodes" in result.stdout, (
+        result.stdout
+    )
     assert "run exit codes: rank 0: 137, rank 1: 7, rank 2: 137" in result.stdout, result.stdout
     assert time.monotonic() - started < 200  # the sleeping ranks were killed, not waited for
     _assert_hosts_clean(pool)
@@ -161,7 +165,9 @@ def test_a_killed_host_is_replaced_by_a_free_one_and_the_job_succeeds(pool: Sshd
     assert "done rank 1" in result.stdout
     stale = lost.home / ".airflow_sky" / "host.lock"
     assert stale.exists() and '"cluster": "rec"' in stale.read_text()
-    unlock = subprocess.run([*CLI, "ssh", "unlock", POOL], capture_output=True, text=True, env=dict(os.environ))
+    unlock = subprocess.run(
+        [*CLI, "ssh", "unlock", POOL], capture_output=True, text=True, env=dict(os.environ)
+    )
     assert unlock.returncode == 0 and f"Unlocked {lost.user}@" in unlock.stdout, unlock.stdout + unlock.stderr
     for host in pool.hosts:
         assert not (host.home / ".airflow_sky" / "host.lock").exists(), f"{host.alias} still locked"
@@ -185,7 +191,9 @@ def test_without_a_free_host_the_job_fails_naming_the_lost_one(pool: SshdPool, t
         "host to replace it" in result.stdout
     ), result.stdout
     assert pool.leftover_processes() == []
-    subprocess.run([*CLI, "ssh", "unlock", "three"], capture_output=True, text=True, env=dict(os.environ), check=True)
+    subprocess.run(
+        [*CLI, "ssh", "unlock", "three"], capture_output=True, text=True, env=dict(os.environ), check=True
+    )
 
 
 def test_a_gpu_task_lands_on_the_host_with_the_gpus(pool: SshdPool, tmp_path: Path) -> None:

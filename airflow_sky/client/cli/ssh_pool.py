@@ -17,6 +17,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from airflow_sky.infra.ssh.cloud import SshCloud
+    from airflow_sky.infra.ssh.hosts import HostFacts
 
 ACTIONS = ("check", "unlock")
 
@@ -40,7 +41,7 @@ def _check(cloud: SshCloud) -> int:
     statuses = cloud.check()
     table = Table(title=f"ssh/{cloud.pool_name} ({cloud.pool.source})")
     for column in ("#", "HOST", "SSH", "BASH", "RSYNC", "PYTHON3", "GPUS", "HELD BY"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     healthy = True
     for status in statuses:
         host = status.host
@@ -55,16 +56,22 @@ def _check(cloud: SshCloud) -> int:
             str(host.index),
             host.label,
             "[green]✓[/green]",
-            facts.bash if facts.bash != "-" else "[red]missing[/red]",
-            "✓" if facts.rsync else "[yellow]no (SFTP used)[/yellow]",
+            facts.bash.split("(")[0] if facts.bash != "-" else "[red]missing[/red]",
+            "✓" if facts.rsync else "[yellow]no: SFTP[/yellow]",
             facts.python if facts.python != "-" else "[red]missing[/red]",
-            facts.gpus.describe(),
-            facts.lock.describe() if facts.lock else ("locked" if facts.lock_unreadable else "free"),
+            facts.gpus.describe() if facts.gpus.count else "-",
+            _holder(facts),
         )
     console.print(table)
     if not healthy:
         console.print("Some hosts cannot run jobs; see the rows marked ✗ or missing.")
     return 0 if healthy else 1
+
+
+def _holder(facts: HostFacts) -> str:
+    if facts.lock is not None:
+        return f"{facts.lock.cluster} (rank {facts.lock.rank})"
+    return "locked" if facts.lock_unreadable else "free"
 
 
 def _short(error: str | None) -> str:

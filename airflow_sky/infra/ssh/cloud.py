@@ -344,7 +344,7 @@ class SshCloud(Cloud):
         if held:
             parts.append("held: " + "; ".join(held))
         if down:
-            parts.append("not answering: " + "; ".join(down))
+            parts.append("cannot be used: " + "; ".join(down))
         return ". ".join(parts)
 
     @staticmethod
@@ -462,13 +462,13 @@ class SshCloud(Cloud):
         try:
             return hosts.read_lock(self._client(host)), None
         except RemoteError as e:
-            return None, _reason(e)
+            return None, hosts.unusable_reason(e)
 
     def _try_probe(self, host: PoolHost) -> tuple[hosts.HostFacts | None, str | None]:
         try:
             return hosts.probe(self._client(host)), None
         except RemoteError as e:
-            return None, _reason(e)
+            return None, hosts.unusable_reason(e)
 
     def _release_quietly(self, host: PoolHost, token: str) -> None:
         with contextlib.suppress(RemoteError, ClusterError):
@@ -504,11 +504,6 @@ def _resolved(address: str) -> str:
     with contextlib.suppress(OSError):
         return socket.gethostbyname(address)
     return address
-
-
-def _reason(e: Exception) -> str:
-    text = str(e)
-    return text.split(": ", 1)[1] if text.startswith("cannot reach node") and ": " in text else text
 
 
 def _accelerators(request: ProvisionRequest) -> dict[str, float] | None:

@@ -176,6 +176,21 @@ rm -rf -- "$HOME"/{JOBS_DIR} "$HOME"/{QUEUE_DIR}
 """
 
 
+def unusable_reason(e: Exception) -> str:
+    """Why a host cannot be used, in the words a user acts on."""
+    text = str(e)
+    if text.startswith("cannot reach node") and ": " in text:
+        text = text.split(": ", 1)[1]
+    if "Authentication failed" in text:
+        return "the host refused the key (identity_file) for this user"
+    if "does not match" in text:
+        return (
+            "its host key does not match the pinned one in known_hosts (a reinstalled host, or someone in "
+            "between): check it, then replace the known_hosts line"
+        )
+    return text
+
+
 # ---- over SSH ----------------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_sky.errors import ClusterError, RemoteError
+from airflow_sky.infra.ssh.hosts import unusable_reason
 from airflow_sky.infra.state_store import StateStore, Versioned, validate_key
 from airflow_sky.node.client import NodeClient
 
@@ -62,7 +63,7 @@ class SshStateStore(StateStore):
     def _unreachable(self, e: RemoteError) -> ClusterError:
         return ClusterError(
             f"the ssh pool's state host {self.host_label} (the first host of the pool, which keeps its "
-            f"clusters' job records) cannot be reached: {e}"
+            f"clusters' job records) cannot be used: {unusable_reason(e)}"
         )
 
     def get(self, key: str) -> Versioned | None:
