@@ -20,6 +20,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
 _STATE = Path(tempfile.mkdtemp(prefix="airflow-sky-tests-"))
 os.environ[layout.ROOT_ENV] = str(_STATE / "local")
+# Node homes: short, and outside /tmp (which a node in its own mount namespace sees replaced).
+_HOMES = Path(tempfile.mkdtemp(prefix="sky-tests-", dir="/var/tmp"))
+os.environ[layout.HOMES_ENV] = str(_HOMES)
 os.environ["AIRFLOW_SKY_AIRFLOW_HOME"] = str(_STATE / "cli-airflow")
 os.environ["AIRFLOW_SKY_HOME"] = str(_STATE / "sky-home")  # clusters.json, ssh entries
 os.environ["AIRFLOW_SKY_SSH_CONFIG"] = str(_STATE / "ssh_config")  # never the user's ~/.ssh/config
@@ -39,6 +42,7 @@ def _quiet_paramiko() -> Iterator[None]:
     logging.getLogger("paramiko").setLevel(logging.WARNING)
     yield
     shutil.rmtree(_STATE, ignore_errors=True)
+    shutil.rmtree(_HOMES, ignore_errors=True)
 
 
 @pytest.fixture

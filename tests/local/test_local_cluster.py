@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +52,9 @@ def test_a_node_keeps_nothing_of_the_launchers_environment_but_locale_and_path(l
         assert leaked not in out.decode()
     assert env["LC_TIME"] == "C.UTF-8"
     assert str(Path(sys.executable).parent) in env["PATH"].split(":")
-    assert env["HOME"].endswith("/home") and "PYTHONPATH" not in env
+    assert "PYTHONPATH" not in env
+    assert len(env["HOME"]) <= 50, "a node's home is short: unix sockets under it must fit in 107 bytes"
+    assert env["TMPDIR"] != os.environ.get("TMPDIR", "/tmp") or daemon.isolation() is not None
 
 
 def test_exec_returns_exit_code_stdout_and_stderr(local_cluster):
@@ -141,8 +144,10 @@ def test_clusters_of_the_same_name_in_two_state_roots_never_touch_each_other(tmp
     alice = cloud.provision(ProvisionRequest(cluster_name="twin", num_nodes=1))
     try:
         monkeypatch.setenv(layout.ROOT_ENV, str(tmp_path / "bob"))
-        cloud.provision(ProvisionRequest(cluster_name="twin", num_nodes=1))
-        assert len(daemon.processes_with_marker("twin")) == 1
+        bob = cloud.provision(ProvisionRequest(cluster_name="twin", num_nodes=1))
+        servers = [p for p in daemon.processes_with_marker("twin") if p.name() != "unshare"]
+        assert len(servers) == 1  # bob's node server (and its namespace's unshare), not alice's
+        assert bob[0].internal_ip != alice[0].internal_ip or bob[0].ssh_port != alice[0].ssh_port
         cloud.terminate("twin")  # bob's
         assert daemon.processes_with_marker("twin") == []
         monkeypatch.setenv(layout.ROOT_ENV, str(tmp_path / "alice"))

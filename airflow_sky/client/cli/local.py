@@ -10,7 +10,7 @@ from rich.table import Table
 
 from airflow_sky.errors import SpecError
 from airflow_sky.infra.base import ProvisionRequest
-from airflow_sky.infra.local import layout
+from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.cloud import LocalCloud
 
 
@@ -44,6 +44,11 @@ def _up(args: argparse.Namespace) -> int:
         raise SpecError(f"--nodes: must be an integer >= 1, got {args.nodes}")
     nodes = LocalCloud().provision(ProvisionRequest(cluster_name=args.name, num_nodes=args.nodes))
     _print_nodes(args.name, nodes)
+    if daemon.isolation() is None:
+        Console().print(
+            "note: nodes are plain processes here (no PID/mount namespaces: they need root or user "
+            "namespaces), so `ps` on a node shows the others' processes; each still has its own $TMPDIR"
+        )
     return 0
 
 

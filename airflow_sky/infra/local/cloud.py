@@ -12,9 +12,10 @@ import getpass
 import ipaddress
 import os
 import shutil
+import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ import asyncssh
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.state_store import LocalStateStore
 from airflow_sky.infra.state_store import StateStore
+from airflow_sky.task import gpus_per_node
 
 # Loopback addresses handed to nodes: 127.0.0.2 upwards (127.0.0.1 stays the host's own).
 _FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
@@ -46,6 +49,65 @@ def _locked(path: Path) -> Iterator[None]:
 def _instance_dirs(cluster_name: str) -> list[Path]:
     base = layout.instances_dir(cluster_name)
     return sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+
+
+def _remove_home(node_dir: Path) -> None:
+    record = layout.read_json(layout.node_record_path(node_dir)) or {}
+    for key in ("home", "tmp"):
+        if record.get(key):
+            shutil.rmtree(record[key], ignore_errors=True)
+
+
+def _gpus_in_use(freeing: Collection[str]) -> set[int]:
+    used: set[int] = set()
+    base = layout.root()
+    if not base.is_dir():
+        return used
+    for record_path in base.glob("*/instances/*/node.json"):
+        record = layout.read_json(record_path)
+        if (
+            record
+            and record.get("state") != layout.STATE_TERMINATED
+            and record.get("instance_id") not in freeing
+        ):
+            used.update(int(d) for d in record.get("gpu_devices") or [])
+    return used
+
+
+def _gpu_devices(per_node: int, still_to_start: int, freeing: Collection[str]) -> list[int] | None:
+    """This node's share of the machine's GPUs (device indices), None on a machine without GPUs.
+
+    The same detection as for ssh hosts (nvidia-smi); a share is counted, not matched by model: one 8-GPU
+    box plays a cluster of `L4:4` nodes whatever its GPUs are. Called under the address lock, so two
+    clusters provisioning at once never get the same device.
+    """
+    total = detect_local_gpus().count
+    if total == 0:
+        if per_node:
+            raise ClusterError(
+                f"accelerators: each node asks for {per_node} GPU(s), but this machine has none "
+                "(nvidia-smi finds no GPU); drop `accelerators` to run on the CPU"
+            )
+        return None
+    free = [d for d in range(total) if d not in _gpus_in_use(freeing)]
+    if per_node * still_to_start > len(free):
+        raise ClusterError(
+            f"accelerators: {still_to_start} node(s) x {per_node} GPU(s) = {per_node * still_to_start} GPUs "
+            f"asked for, but this machine has {total} ({len(free)} free, the rest held by other local "
+            "nodes); lower num_nodes or the accelerator count"
+        )
+    return free[:per_node]
+
+
+def detect_local_gpus() -> Gpus:
+    """This machine's GPUs, by the detection the ssh infra uses on its hosts."""
+    if shutil.which("nvidia-smi") is None:
+        return Gpus()
+    try:
+        out = subprocess.run(["bash", "-c", QUERY_COMMAND], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return Gpus()
+    return parse_nvidia_smi(out)
 
 
 def _addresses_in_use() -> set[str]:
@@ -81,6 +143,7 @@ class LocalCloud(Cloud):
                 for r in range(request.num_nodes)
                 if r not in existing or existing[r].status is not NodeStatus.RUNNING
             ]
+            per_node = gpus_per_node(request.resources)
             try:
                 # In batches: each node server is a Python process that takes a moment of CPU to start, and
                 # a hundred at once on a small machine would each wait past its own deadline.
@@ -90,7 +153,7 @@ class LocalCloud(Cloud):
                         node = existing.get(rank)
                         if node is not None:  # a dead node keeps its rank on a fresh instance
                             self._retire(cluster, node.instance_id)
-                        batch.append(self._launch(cluster, rank))
+                        batch.append(self._launch(cluster, rank, per_node, len(missing) - len(created)))
                         created.append(batch[-1])
                     self._wait(batch)
             except BaseException:
@@ -119,7 +182,11 @@ class LocalCloud(Cloud):
     def replace(self, cluster_name: str, rank: int) -> Node:
         with _locked(layout.cluster_dir(cluster_name) / "cluster.lock"):
             old = [n for n in self.nodes(cluster_name) if n.rank == rank]
-            node_dir = self._launch(cluster_name, rank)
+            # The replacement takes the lost node's share of GPUs (the lost node's devices are free again).
+            per_node = max((n.gpus for n in old), default=0)
+            node_dir = self._launch(
+                cluster_name, rank, int(per_node), 1, freeing={n.instance_id for n in old}
+            )
             try:
                 self._wait([node_dir])
             except BaseException:
@@ -132,6 +199,8 @@ class LocalCloud(Cloud):
     def terminate(self, cluster_name: str) -> None:
         cluster_dir = layout.cluster_dir(cluster_name)
         daemon.kill_marked(cluster_name)
+        for node_dir in _instance_dirs(cluster_name):
+            _remove_home(node_dir)
         shutil.rmtree(cluster_dir, ignore_errors=True)
 
     def cluster_info(self, cluster_name: str) -> ClusterInfo:
@@ -176,11 +245,21 @@ class LocalCloud(Cloud):
         os.chmod(key_path, 0o600)
         key.write_public_key(str(key_path) + ".pub")
 
-    def _launch(self, cluster_name: str, rank: int) -> Path:
+    def _launch(
+        self,
+        cluster_name: str,
+        rank: int,
+        gpus: int = 0,
+        still_to_start: int = 1,
+        freeing: set[str] = frozenset(),  # type: ignore[assignment]
+    ) -> Path:
         instance_id = f"local-{uuid.uuid4().hex[:12]}"
         node_dir = layout.instances_dir(cluster_name) / instance_id
         node_dir.mkdir(parents=True)
-        layout.node_home(node_dir).mkdir()
+        home, tmp = layout.short_home(instance_id), layout.short_tmp(instance_id)
+        home.mkdir(mode=0o700)
+        tmp.mkdir(mode=0o700)
+        layout.node_home(node_dir).symlink_to(home)
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         host_key.write_private_key(str(layout.host_key_path(node_dir)))
         os.chmod(layout.host_key_path(node_dir), 0o600)
@@ -189,9 +268,15 @@ class LocalCloud(Cloud):
         )
         with _locked(layout.root() / "addresses.lock"):
             ip = self._free_address()
+            devices = _gpu_devices(gpus, still_to_start, freeing)
             layout.write_json_atomic(
                 layout.node_record_path(node_dir),
                 {
+                    "home": str(home),
+                    "tmp": str(tmp),
+                    "gpu_devices": devices,
+                    # None on a machine without GPUs; "" hides a GPU machine's GPUs from a CPU-only node.
+                    "cuda_visible_devices": None if devices is None else ",".join(map(str, devices)),
                     "cluster": cluster_name,
                     "rank": rank,
                     "ip": ip,
@@ -217,7 +302,9 @@ class LocalCloud(Cloud):
 
     def _retire(self, cluster_name: str, instance_id: str) -> None:
         daemon.kill_marked(daemon.marker(cluster_name, instance_id))
-        shutil.rmtree(layout.instances_dir(cluster_name) / instance_id, ignore_errors=True)
+        node_dir = layout.instances_dir(cluster_name) / instance_id
+        _remove_home(node_dir)
+        shutil.rmtree(node_dir, ignore_errors=True)
 
     @staticmethod
     def _free_address() -> str:
@@ -246,6 +333,6 @@ class LocalCloud(Cloud):
             ssh_user=str(record["user"]),
             instance_id=instance_id,
             status=status,
-            gpus=0,
+            gpus=len(record.get("gpu_devices") or []),
             host_key=str(record["host_key"]),
         )

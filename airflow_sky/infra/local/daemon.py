@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +30,8 @@ def marker(cluster_name: str, instance_id: str) -> str:
 
 # What a local node keeps of the launcher's environment: a cloud VM sees none of an Airflow worker's env
 # (its metadata DB URL, fernet key, connections, cloud credentials), and neither does a local node.
-NODE_ENV_KEPT = ("PATH", "LANG", "LANGUAGE", "TZ", "USER", "LOGNAME", "TMPDIR")
+# TMPDIR is not kept: every node has a /tmp of its own (node_server sets it).
+NODE_ENV_KEPT = ("PATH", "LANG", "LANGUAGE", "TZ", "USER", "LOGNAME")
 NODE_ENV_KEPT_PREFIXES = ("LC_",)
 
 
@@ -50,14 +52,52 @@ def node_environment(launcher_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+ISOLATION_ENV = "AIRFLOW_SKY_LOCAL_ISOLATION"  # "off": plain processes even where namespaces work
+# A node in its own PID and mount namespace: `ps` on it sees its own processes, /tmp is its own, and when
+# its server (PID 1 there) dies, everything it ran dies with it, as on a machine that goes away.
+_UNSHARE = ["unshare", "--pid", "--mount", "--fork", "--mount-proc", "--propagation", "private"]
+_isolation: list[str] | None = None
+_isolation_probed = False
+
+
+def isolation() -> list[str] | None:
+    """The command prefix that puts a node in its own namespaces here, or None where the OS refuses.
+
+    As root, plain `unshare`; otherwise inside a user namespace mapping this user to itself (no new uid,
+    so files in the node's home stay the user's). Probed once per process.
+    """
+    global _isolation, _isolation_probed
+    if _isolation_probed:
+        return _isolation
+    _isolation_probed = True
+    if os.environ.get(ISOLATION_ENV, "").lower() in ("off", "0", "false", "no") or not shutil.which(
+        "unshare"
+    ):
+        return None
+    candidates = [_UNSHARE] if os.geteuid() == 0 else [[_UNSHARE[0], "--map-current-user", *_UNSHARE[1:]]]
+    for prefix in candidates:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            probe = subprocess.run(
+                [*prefix, "sh", "-c", "mount -t tmpfs none /mnt 2>/dev/null || mount --bind / /mnt"],
+                capture_output=True,
+                timeout=10,
+            )
+            if probe.returncode == 0:
+                _isolation = prefix
+                break
+    return _isolation
+
+
 def spawn_server(node_dir: Path, node_marker: str) -> int:
     """Start a node's SSH server detached from the caller (it outlives the Airflow task that started it)."""
     env = node_environment(os.environ)
     env[layout.NODE_MARKER_ENV] = node_marker
     env[layout.NODE_ROOT_ENV] = layout.root_id()
+    prefix = isolation()
+    argv = [sys.executable, "-m", "airflow_sky.infra.local.node_server", str(node_dir)]
     with open(layout.server_log_path(node_dir), "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_sky.infra.local.node_server", str(node_dir)],
+            [*prefix, *argv, "--isolated"] if prefix else argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -66,6 +106,8 @@ def spawn_server(node_dir: Path, node_marker: str) -> int:
             start_new_session=True,
             close_fds=True,
         )
+    # Inside a PID namespace the server knows itself as PID 1: liveness is checked on this pid.
+    layout.server_pid_path(node_dir).write_text(str(proc.pid))
     return proc.pid
 
 
@@ -141,11 +183,14 @@ def _running(proc: psutil.Process) -> bool:
 
 def server_alive(node_dir: Path, node_marker: str) -> bool:
     """Is the node's SSH server running? Checks pid and marker, so a recycled pid does not count."""
-    ready = layout.read_json(layout.ready_path(node_dir))
-    if not ready or "pid" not in ready:
+    try:
+        pid = int(layout.server_pid_path(node_dir).read_text())
+    except (OSError, ValueError):
+        return False
+    if layout.read_json(layout.ready_path(node_dir)) is None:
         return False
     try:
-        proc = psutil.Process(int(ready["pid"]))
+        proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
         environ = proc.environ()

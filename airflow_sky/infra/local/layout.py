@@ -11,8 +11,13 @@
           host_key                the node's SSH host key (public half pinned in node.json)
           authorized_keys
           ready.json              written by the node server once it listens
+          server.pid              the server's pid as this machine sees it (the namespace's outside)
           server.log
-          home/                   the node's $HOME
+          home -> <homes>/<id>    the node's $HOME (a short path, see below)
+
+    <homes>/                      AIRFLOW_SKY_LOCAL_HOMES, default /var/tmp/sky-<uid> (0700, ours)
+      <id>/                       a node's $HOME: short, so that a unix socket under it fits (108 bytes)
+      <id>.tmp/                   its /tmp (bind-mounted in its mount namespace) or $TMPDIR
 
 The instance records are the source of truth for membership and ranks, like tags on cloud instances.
 """
@@ -25,9 +30,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from airflow_sky.errors import ClusterError
 from airflow_sky.infra.home import sky_home
 
 ROOT_ENV = "AIRFLOW_SKY_LOCAL_ROOT"
+# Node homes live apart from the state root: short paths (a tool that puts an AF_UNIX socket under $HOME,
+# like `ray start --temp-dir=$HOME/ray`, fails past 107 bytes), and outside /tmp, which a node in its own
+# mount namespace sees replaced by its own.
+HOMES_ENV = "AIRFLOW_SKY_LOCAL_HOMES"
 # Set in the environment of every process of a node, so that teardown finds all of them (like a cgroup).
 NODE_MARKER_ENV = "AIRFLOW_SKY_LOCAL_NODE"
 # ... together with the state root it belongs to: two roots on one machine (two users, two test runs) may
@@ -69,6 +79,30 @@ def state_dir(cluster_name: str) -> Path:
 
 def cluster_key_path(cluster_name: str) -> Path:
     return cluster_dir(cluster_name) / CLUSTER_KEY
+
+
+def homes_root() -> Path:
+    """Where node homes and tmp dirs live; created 0700 and refused when another user owns it."""
+    configured = os.environ.get(HOMES_ENV)
+    path = Path(configured) if configured else Path("/var/tmp") / f"sky-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_uid != os.getuid() or path.is_symlink():
+        raise ClusterError(
+            f"{path} (local node homes) belongs to another user; set ${HOMES_ENV} to a dir of yours"
+        )
+    return path
+
+
+def short_home(instance_id: str) -> Path:
+    return homes_root() / instance_id.removeprefix("local-")
+
+
+def short_tmp(instance_id: str) -> Path:
+    return homes_root() / f"{instance_id.removeprefix('local-')}.tmp"
+
+
+def server_pid_path(node_dir: Path) -> Path:
+    return node_dir / "server.pid"
 
 
 def node_record_path(node_dir: Path) -> Path:

@@ -19,6 +19,7 @@ import os
 import pty
 import signal
 import struct
+import subprocess
 import sys
 import termios
 from pathlib import Path
@@ -196,13 +197,35 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-async def _serve(node_dir: Path) -> None:
+def _own_tmp(node_dir: Path, record: dict[str, Any], isolated: bool) -> tuple[Path, str]:
+    """Give the node a /tmp of its own; returns the node dir as still reachable, and the node's TMPDIR.
+
+    In its own mount namespace the node's tmp dir is bind-mounted over /tmp. The node dir may itself lie
+    under /tmp (a state root there): it is opened first and reached through /proc/self/fd from then on.
+    Without namespaces, TMPDIR points at the node's tmp dir.
+    """
+    tmp = record.get("tmp")
+    if not tmp:
+        return node_dir, os.environ.get("TMPDIR", "/tmp")
+    Path(tmp).mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not isolated:
+        return node_dir, str(tmp)
+    reachable = Path(f"/proc/self/fd/{os.open(node_dir, os.O_RDONLY | os.O_DIRECTORY)}")
+    subprocess.run(["mount", "--bind", str(tmp), "/tmp"], check=True, capture_output=True)
+    return reachable, "/tmp"
+
+
+async def _serve(node_dir: Path, isolated: bool) -> None:
     record = layout.read_node_record(node_dir)
-    home = layout.node_home(node_dir)
+    home = Path(record.get("home") or layout.node_home(node_dir))
     home.mkdir(parents=True, exist_ok=True)
+    node_dir, tmpdir = _own_tmp(node_dir, record, isolated)
     marker = os.environ[layout.NODE_MARKER_ENV]
     # The server started from daemon.node_environment; what it needed for itself stays with it.
     base_env = {k: v for k, v in os.environ.items() if k not in ("PWD", "OLDPWD", *layout.SERVER_ONLY_ENV)}
+    base_env["TMPDIR"] = tmpdir
+    if record.get("cuda_visible_devices") is not None:  # its share of this machine's GPUs (none: "")
+        base_env["CUDA_VISIBLE_DEVICES"] = str(record["cuda_visible_devices"])
     runner = _ProcessRunner(home, marker, base_env)
     _become_subreaper()
     reaper = asyncio.ensure_future(_reap_orphans(runner.own_children))
@@ -244,10 +267,11 @@ async def _serve(node_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("node_dir", type=Path)
+    parser.add_argument("--isolated", action="store_true", help="in its own PID and mount namespace")
     args = parser.parse_args(argv)
     try:
-        asyncio.run(_serve(args.node_dir))
-    except OSError as e:
+        asyncio.run(_serve(args.node_dir, args.isolated))
+    except (OSError, subprocess.CalledProcessError) as e:
         # The launcher reads this file to report why the node did not come up.
         error: dict[str, Any] = {"error": f"{type(e).__name__}: {e}"}
         layout.write_json_atomic(layout.ready_path(args.node_dir), error)
