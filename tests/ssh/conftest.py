@@ -9,6 +9,7 @@ import pytest
 
 from airflow_sky.infra.home import KNOWN_HOSTS_ENV, SSH_CONFIG_ENV
 from airflow_sky.infra.ssh.pools import POOL_FILE_ENV
+from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
 from tests.ssh.sshd import SshdPool
 
 POOL = "test-pool"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from airflow_sky.infra.home import KNOWN_HOSTS_ENV, SSH_CONFIG_ENV
 from airflow_sky.infra.ssh.pools import POOL_FILE_ENV
-from tests.dags.conftest import DagRunResult, airflow_home, run_dag  # noqa: F401 - fixtures
+from tests.dags.conftest import DagRunResult
 from tests.ssh.sshd import PORT, SshdPool
 
 POOL_SIZE = 2
