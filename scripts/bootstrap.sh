@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything airflow-sky's demo and tests need on a fresh machine:
-# system packages (rsync, OpenSSH client + server), a .venv with the package and its extras, and torch (CPU).
+# system packages (rsync, OpenSSH client + server, the tools the sshd and namespace tests use), a .venv with the package and its extras, and torch (CPU).
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +16,10 @@ command -v ssh >/dev/null || need_apt+=(openssh-client)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v ps >/dev/null || need_apt+=(procps)
 command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v mount >/dev/null || need_apt+=(mount)
+command -v useradd >/dev/null || need_apt+=(passwd)
+# The ssh-infra tests' hosts log in as users of their own: they need a system python3 on the default PATH.
+[ -x /usr/bin/python3 ] || need_apt+=(python3-minimal)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "bootstrap: installing system packages: ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

@@ -38,7 +38,7 @@ class SkySshPoolHook(BaseHook):
             "relabeling": {
                 "host": "Hosts (comma separated IPs or ssh-config aliases)",
                 "login": "Default user",
-                "password": "Password (for sudo on the hosts)",
+                "password": "Password (SkyPilot's sudo password; not used)",
                 "port": "SSH port of hosts given as IPs",
             },
             "placeholders": {

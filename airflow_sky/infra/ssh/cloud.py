@@ -461,13 +461,13 @@ class SshCloud(Cloud):
     def _try_read_lock(self, host: PoolHost) -> tuple[hosts.HostLock | None, str | None]:
         try:
             return hosts.read_lock(self._client(host)), None
-        except RemoteError as e:
+        except (RemoteError, OSError, paramiko.SSHException) as e:  # a transport that broke mid-request
             return None, hosts.unusable_reason(e)
 
     def _try_probe(self, host: PoolHost) -> tuple[hosts.HostFacts | None, str | None]:
         try:
             return hosts.probe(self._client(host)), None
-        except RemoteError as e:
+        except (RemoteError, OSError, paramiko.SSHException) as e:
             return None, hosts.unusable_reason(e)
 
     def _release_quietly(self, host: PoolHost, token: str) -> None:

@@ -1,7 +1,7 @@
 """An ssh pool defined by an Airflow connection (type `sky_ssh_pool`), so workers need no file on disk.
 
     host      hosts, comma separated (IPs or aliases), or `hosts` in the extra (the YAML format's list)
-    login     the pool's default user           password   for sudo on the hosts (a secret)
+    login     the pool's default user           password   accepted (SkyPilot's sudo password), unused
     port      the port for hosts given as IPs (default 22)
     extra     {"hosts": [...], "private_key": "-----BEGIN ...", "identity_file": "~/.ssh/key",
                "known_hosts": "<known_hosts lines pinning the hosts' keys>"}

@@ -3,7 +3,7 @@
     my-box:                       # a pool, selected with `infra: ssh/my-box`
       user: ubuntu                # optional defaults for every host of the pool
       identity_file: ~/.ssh/id_rsa
-      password: ...               # for sudo on the hosts; never logged
+      password: ...               # SkyPilot's, for sudo: accepted, never used (nothing here needs root)
       hosts:                      # required, non-empty; rank = position among the hosts handed out
         - 192.168.1.10            # an IP, or an alias from ~/.ssh/config (its HostName, Port, User, IdentityFile)
         - ip: 192.168.1.11        # or a mapping: `ip` required, the defaults above overridable
