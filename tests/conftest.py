@@ -20,6 +20,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
 _STATE = Path(tempfile.mkdtemp(prefix="airflow-sky-tests-"))
 os.environ[layout.ROOT_ENV] = str(_STATE / "local")
+# Local nodes run in their own mount namespace (as root in CI), where /tmp is each node's own: the tests'
+# probe dirs (tmp_path), through which node scripts report to the test, must lie outside it, as a real
+# cluster's shared storage would. pytest reads this when it first creates a tmp_path.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/var/tmp")
 # Node homes: short, and outside /tmp (which a node in its own mount namespace sees replaced).
 _HOMES = Path(tempfile.mkdtemp(prefix="sky-tests-", dir="/var/tmp"))
 os.environ[layout.HOMES_ENV] = str(_HOMES)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 from airflow_sky.infra.ssh import hosts
 
@@ -47,7 +50,20 @@ def test_clean_stops_the_jobs_process_groups_and_removes_their_records(tmp_path:
     _bash(hosts.clean_command(), tmp_path)
     job.wait(timeout=5)
     assert not (tmp_path / ".airflow_sky" / "jobs").exists()
-    assert subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True).returncode == 1  # no process left
+    # No live process left in the group (a killed orphan may linger as a zombie where PID 1 does not reap).
+    deadline = time.monotonic() + 5
+    while _live_in_group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _live_in_group(pgid) == []
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+    return found
 
 
 def test_the_probe_reports_lock_tools_addresses_and_gpus(tmp_path: Path) -> None:

@@ -225,7 +225,8 @@ class SshCloud(Cloud):
     def unlock(
         self, only_hosts: Sequence[str] = (), force: bool = False
     ) -> list[tuple[PoolHost, hosts.HostLock]]:
-        """Break stale locks (their cluster has no record of the host any more); `force` breaks any lock."""
+        """Free hosts held by stale locks (their cluster has no record of the host any more): stop what that
+        cluster left running there, remove its job records and the lock. `force` frees live hosts too."""
         broken = []
         known: dict[str, dict[int, Member]] = {}
         for host in self.pool.hosts:
@@ -241,7 +242,11 @@ class SshCloud(Cloud):
             live = member is not None and member.host == host.label and member.token == lock.token
             if live and not force:
                 continue
-            if hosts.release(self._client(host), lock.token):
+            # The host goes back as teardown would have left it: the gone cluster's jobs stopped, their
+            # records removed (it was off when its cluster was torn down), then the lock.
+            client = self._client(host)
+            hosts.clean(client)
+            if hosts.release(client, lock.token):
                 broken.append((host, lock))
         return broken
 
