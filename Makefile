@@ -27,7 +27,8 @@ typecheck:
 ## The end-to-end tests mostly wait on nodes and subprocesses: files run side by side, a file's tests in order.
 ## The slowest files are named first so that they start first (pytest skips the paths it collected already).
 SLOW_TESTS := tests/scheduler/test_deferral_race.py tests/scheduler/test_real_scheduler.py \
-	tests/cli/test_jobs_cli.py tests/cli/test_launch_cli.py tests/dags/test_recovery.py
+	tests/cli/test_jobs_cli.py tests/cli/test_launch_cli.py tests/dags/test_recovery.py \
+	tests/ssh/test_ssh_jobs.py
 unit:
 	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(SLOW_TESTS) tests
 

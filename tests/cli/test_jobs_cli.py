@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_sky.infra.local import daemon
+from airflow_sky.infra.local import daemon, layout
+from airflow_sky.infra.local.cloud import LocalCloud
 
 CLI = [sys.executable, "-m", "airflow_sky.client.cli"]
 CLUSTER = "jobs-kept"
@@ -304,7 +305,8 @@ def test_ssh_config_entries_reach_the_workers(env, kept_cluster):
     )
     assert result.returncode == 0, result.stderr
     home = result.stdout.split()[0]
-    assert home.endswith("/home") and kept_cluster in home
+    worker = next(n for n in LocalCloud().nodes(kept_cluster) if n.rank == 1)
+    assert home == layout.read_node_record(layout.instances_dir(kept_cluster) / worker.instance_id)["home"]
     direct = cli(env, "ssh", kept_cluster, "2", "echo", "rank-two")
     assert direct.returncode == 0 and "rank-two" in direct.stdout
 

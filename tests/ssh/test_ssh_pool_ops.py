@@ -13,7 +13,7 @@ import pytest
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import NodeStatus, ProvisionRequest
 from airflow_sky.infra.ssh.cloud import SshCloud
-from airflow_sky.infra.ssh.pools import POOL_FILE_ENV
+from airflow_sky.infra.ssh.pools import POOL_FILE_ENV, load_pool
 from tests.ssh.conftest import POOL
 from tests.ssh.sshd import SshdPool
 
@@ -126,14 +126,20 @@ def test_a_wrong_key_an_unknown_host_key_and_a_missing_pool_each_give_one_line(
         and "pools defined: unknown, wrongkey" in missing.stderr
     )
 
+    # Through a whole launch: the provision step fails, and the CLI's last line is the driver's message.
     wrong = _cli("launch", "-c", "wk", "--infra", "ssh/wrongkey", str(task), "-y", env=env)
     assert wrong.returncode == 1
     failed = [line for line in wrong.stdout.splitlines() if line.startswith("✗ Job on wk FAILED")]
     assert failed and "the host refused the key (identity_file) for this user" in failed[0], wrong.stdout
+    assert "Traceback" not in wrong.stdout + wrong.stderr
 
-    unknown = _cli("launch", "-c", "uk", "--infra", "ssh/unknown", str(task), "-y", env=env)
-    assert unknown.returncode == 1
-    failed = [line for line in unknown.stdout.splitlines() if line.startswith("✗ Job on uk FAILED")]
-    assert failed and "has no known host key in" in failed[0] and "ssh-keyscan 127.0.0.1 >>" in failed[0]
-    assert "Traceback" not in wrong.stdout + unknown.stdout
+    # The same path, at the driver (what that launch's provision step raises), for an unknown host key.
+    with pytest.raises(ClusterError) as raised:
+        SshCloud(pool_obj=load_pool("unknown", [bad_pool_file])).provision(ProvisionRequest("uk", 1))
+    message = str(raised.value)
+    assert (
+        "has no known host key in" in message
+        and "ssh-keyscan 127.0.0.1 >>" in message
+        and "\n" not in message
+    )
     assert not any((h.home / ".airflow_sky" / "host.lock").exists() for h in sshd_pool.hosts)
