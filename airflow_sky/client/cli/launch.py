@@ -38,6 +38,9 @@ def register(subparsers: Any) -> None:
     launch.add_argument("--no-setup", action="store_true", help="skip the setup section")
     launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     launch.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
+    launch.add_argument(
+        "--dryrun", action="store_true", help="print the chosen resources and their cost; launch nothing"
+    )
     launch.set_defaults(handler=_launch)
 
     exec_ = subparsers.add_parser(
@@ -64,6 +67,15 @@ def _add_task_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-nodes", type=int, help="override num_nodes")
     parser.add_argument("--gpus", help="override resources.accelerators, e.g. L4:4")
     parser.add_argument("--cpus", help="override resources.cpus, e.g. 8 or 4+")
+    parser.add_argument("--memory", help="override resources.memory in GiB, e.g. 32 or 32+")
+    parser.add_argument("--instance-type", help="override resources.instance_type, e.g. g6.12xlarge")
+    spot = parser.add_mutually_exclusive_group()
+    spot.add_argument("--use-spot", dest="use_spot", action="store_true", default=None, help="spot instances")
+    spot.add_argument("--no-use-spot", dest="use_spot", action="store_false", help="on-demand instances")
+    parser.add_argument("--region", help="override the region (with the task's or --infra's cloud)")
+    parser.add_argument("--zone", help="override the zone")
+    parser.add_argument("--disk-size", type=int, help="override resources.disk_size (GiB)")
+    parser.add_argument("--image-id", help="override resources.image_id")
     add_env_arguments(parser)
 
 
@@ -73,7 +85,21 @@ def _task_with_overrides(args: argparse.Namespace) -> Task:
         if args.num_nodes < 1:
             raise SpecError(f"--num-nodes: must be an integer >= 1, got {args.num_nodes}")
         task.num_nodes = args.num_nodes
-    overrides = {k: v for k, v in (("accelerators", args.gpus), ("cpus", args.cpus)) if v is not None}
+    pairs = (
+        ("accelerators", args.gpus),
+        ("cpus", args.cpus),
+        ("memory", args.memory),
+        ("instance_type", args.instance_type),
+        ("use_spot", args.use_spot),
+        ("disk_size", args.disk_size),
+        ("image_id", args.image_id),
+    )
+    overrides: dict[str, object] = {k: v for k, v in pairs if v is not None}
+    if args.region is not None or args.zone is not None:
+        # `sky launch --region R`: the placement is the cloud of --infra or of the task, in that region/zone.
+        cloud = (args.infra or "").split("/", 1)[0] or task.resources.cloud
+        overrides.update(cloud=cloud, region=args.region or task.resources.region, zone=args.zone)
+        args.infra = None
     if overrides:
         task.set_resources(task.resources.copy(**overrides))
     return task
@@ -177,6 +203,11 @@ def _stop_helpers() -> None:
 def _launch(args: argparse.Namespace) -> int:
     task = _task_with_overrides(args)
     infra = _infra(args, task)
+    if args.dryrun:
+        from airflow_sky.client.cli.dryrun import print_plan
+
+        print_plan(task, infra, Console(highlight=False, soft_wrap=True))
+        return 0
     cluster = args.cluster or f"sky-{secrets.token_hex(2)}-{getpass.getuser()}"
     if not args.yes and sys.stdin.isatty():
         answer = input(
