@@ -140,3 +140,34 @@ def test_launch_dryrun_prints_skypilots_table_and_launches_nothing(tmp_path) -> 
     )
     chosen = next(line for line in spot.stdout.splitlines() if "✔" in line)
     assert "g6.12xlarge[Spot]" in chosen and "1.29" in chosen, spot.stdout + spot.stderr  # 2 x 0.6452
+
+
+def test_dryrun_on_any_cloud_compares_both_and_a_region_wildcard_narrows_it(tmp_path) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text("name: ddp\nnum_nodes: 2\nresources:\n  accelerators: L4:4\nrun: echo\n")
+
+    def dryrun(infra: str) -> list[str]:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "airflow_sky.client.cli",
+                "launch",
+                str(task),
+                "--infra",
+                infra,
+                "--dryrun",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stdout.splitlines() if "L4:4" in line]
+
+    rows = dryrun("*")
+    assert (
+        rows[0].startswith("GCP (us-east4-a)") and "✔" in rows[0] and any(r.startswith("AWS") for r in rows)
+    )
+    rows = dryrun("*/us-east-1")
+    assert rows and all(r.startswith("AWS (use1-") for r in rows)

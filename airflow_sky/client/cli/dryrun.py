@@ -38,7 +38,7 @@ def print_plan(task: Task, infra: str, console: Console) -> None:
         console.print(table)
         return
     resources = task.resources
-    if cloud in catalog.CATALOG_CLOUDS and resources.cloud is None:
+    if infra != resources.infra:  # --infra (a cloud, a region, or `*` for any) overrides the task's
         resources = resources.copy(infra=infra)
     choices = best_per_instance_type(plan(resources, task.num_nodes))[:_ROWS]
     for i, choice in enumerate(choices):
