@@ -86,10 +86,10 @@ def test_ssh_check_shows_every_host_with_its_tools_gpus_and_holder(
     finally:
         cloud.terminate("held")
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
-    for host in sshd_pool.hosts:  # one row each (a long cell may fold onto a second line)
-        assert any(f"│ {host.index} " in row and host.user in row for row in rows), result.stdout
-    assert "8x NVIDIA" in result.stdout and "H100" in result.stdout
+    rows = result.stdout.splitlines()
+    for host in sshd_pool.hosts:  # one row each, its host whole
+        assert any(row.startswith(f"{host.index} ") and host.alias in row for row in rows), result.stdout
+    assert "8x H100 80GB HBM3" in result.stdout
     assert "held (rank" in result.stdout and result.stdout.count("free") == 3
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
 

@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -39,27 +40,34 @@ def run(action: str, argv: Sequence[str]) -> int:
 def _check(cloud: SshCloud) -> int:
     console = Console(highlight=False, soft_wrap=True)
     statuses = cloud.check()
-    table = Table(title=f"ssh/{cloud.pool_name} ({cloud.pool.source})")
+    # `sky check`'s plain layout (no vertical rules), so a row fits an 80-column terminal.
+    table = Table(
+        title=f"ssh/{cloud.pool_name} ({cloud.pool.source})",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+    )
     for column in ("#", "HOST", "SSH", "BASH", "RSYNC", "PYTHON3", "GPUS", "HELD BY"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column == "HOST")
     healthy = True
     for status in statuses:
         host = status.host
         facts = status.facts
         if facts is None:
             healthy = False
-            table.add_row(str(host.index), host.label, f"[red]✗ {_short(status.error)}[/red]", *["-"] * 5)
+            table.add_row(str(host.index), host.name, f"[red]✗ {_short(status.error)}[/red]", *["-"] * 5)
             continue
         ok_tools = facts.bash != "-" and facts.python != "-"
         healthy = healthy and ok_tools
         table.add_row(
             str(host.index),
-            host.label,
+            host.name,  # as the pool lists it (an IP or an alias); the user is the pool's
             "[green]✓[/green]",
             facts.bash.split("(")[0] if facts.bash != "-" else "[red]missing[/red]",
             "✓" if facts.rsync else "[yellow]no: SFTP[/yellow]",
             facts.python if facts.python != "-" else "[red]missing[/red]",
-            facts.gpus.describe() if facts.gpus.count else "-",
+            facts.gpus.describe().replace("NVIDIA ", "") if facts.gpus.count else "-",
             _holder(facts),
         )
     console.print(table)
