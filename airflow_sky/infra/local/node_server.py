@@ -211,8 +211,41 @@ def _own_tmp(node_dir: Path, record: dict[str, Any], isolated: bool) -> tuple[Pa
     if not isolated:
         return node_dir, str(tmp)
     reachable = Path(f"/proc/self/fd/{os.open(node_dir, os.O_RDONLY | os.O_DIRECTORY)}")
-    subprocess.run(["mount", "--bind", str(tmp), "/tmp"], check=True, capture_output=True)
+    software = _software_under_tmp()
+    host_tmp = Path(f"{tmp}.host")  # the machine's /tmp, seen for a moment beside the node's
+    host_tmp.mkdir(mode=0o700, exist_ok=True)
+    _mount("--rbind", "/tmp", str(host_tmp))
+    _mount("--bind", str(tmp), "/tmp")
+    for top in software:
+        # Installed software stays where it is, as on a machine whose image has it: this interpreter,
+        # its packages and the node's PATH (a venv or checkout under /tmp) are bound back into the new /tmp.
+        Path("/tmp", top).mkdir(exist_ok=True)
+        _mount("--rbind", str(host_tmp / top), f"/tmp/{top}")
+    subprocess.run(["umount", "--lazy", str(host_tmp)], check=True, capture_output=True)
+    host_tmp.rmdir()
     return reachable, "/tmp"
+
+
+def _mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def _software_under_tmp() -> list[str]:
+    """Top-level entries of /tmp that hold this interpreter, its imports or the node's PATH."""
+    here = os.getcwd()  # the node dir: not the node's business
+    # This package itself too: an editable install imports it from its checkout, not from sys.path.
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, __file__, *sys.path]
+    paths += os.environ.get("PATH", "").split(os.pathsep)
+    tops: set[str] = set()
+    for path in paths:
+        # Relative entries (`''`, an import hook's name) are not places on disk.
+        if not os.path.isabs(path) or os.path.abspath(path) == here:
+            continue
+        for candidate in (os.path.abspath(path), os.path.realpath(path)):
+            parts = Path(candidate).parts
+            if len(parts) >= 3 and parts[:2] == ("/", "tmp"):
+                tops.add(parts[2])
+    return sorted(tops)
 
 
 async def _serve(node_dir: Path, isolated: bool) -> None:
