@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -105,69 +106,45 @@ def test_nothing_fits_names_the_closest_candidates() -> None:
     assert "a2-highgpu-4g (A100:4)" in message and "p4d.24xlarge (A100:8)" in message
 
 
-def test_launch_dryrun_prints_skypilots_table_and_launches_nothing(tmp_path) -> None:
-    task = tmp_path / "task.yaml"
-    task.write_text("name: ddp\nnum_nodes: 2\nresources:\n  accelerators: L4:4\nrun: echo\n")
+def _dryrun(task: Path, *args: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "airflow_sky.client.cli", "launch", str(task), "--infra", "aws", "--dryrun"],
+        [sys.executable, "-m", "airflow_sky.client.cli", "launch", str(task), *args, "--dryrun"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def _l4_task(tmp_path: Path) -> Path:
+    task = tmp_path / "task.yaml"
+    task.write_text("name: ddp\nnum_nodes: 2\nresources:\n  accelerators: L4:4\nrun: echo\n")
+    return task
+
+
+def test_launch_dryrun_prints_skypilots_table_and_launches_nothing(tmp_path: Path) -> None:
+    result = _dryrun(_l4_task(tmp_path), "--infra", "aws")
     for column in ("INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "COST ($)", "CHOSEN"):
         assert column in result.stdout
     chosen = next(line for line in result.stdout.splitlines() if "✔" in line)
     assert "g6.12xlarge" in chosen and "9.20" in chosen and "L4:4" in chosen  # 2 x 4.6016
     assert "catalog of 2026-12-01" in result.stdout
-    spot = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "airflow_sky.client.cli",
-            "launch",
-            str(task),
-            "--infra",
-            "aws",
-            "--use-spot",
-            "--region",
-            "ap-south-1",
-            "--dryrun",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    spot = _dryrun(_l4_task(tmp_path), "--infra", "aws", "--use-spot", "--region", "ap-south-1")
     chosen = next(line for line in spot.stdout.splitlines() if "✔" in line)
-    assert "g6.12xlarge[Spot]" in chosen and "1.29" in chosen, spot.stdout + spot.stderr  # 2 x 0.6452
+    assert "g6.12xlarge[Spot]" in chosen and "1.29" in chosen, spot.stdout  # 2 x 0.6452
 
 
-def test_dryrun_on_any_cloud_compares_both_and_a_region_wildcard_narrows_it(tmp_path) -> None:
-    task = tmp_path / "task.yaml"
-    task.write_text("name: ddp\nnum_nodes: 2\nresources:\n  accelerators: L4:4\nrun: echo\n")
-
-    def dryrun(infra: str) -> list[str]:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "airflow_sky.client.cli",
-                "launch",
-                str(task),
-                "--infra",
-                infra,
-                "--dryrun",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stderr
-        return [line for line in result.stdout.splitlines() if "L4:4" in line]
-
-    rows = dryrun("*")
+def test_dryrun_on_any_cloud_compares_both_and_a_region_wildcard_narrows_it(tmp_path: Path) -> None:
+    rows = [
+        line for line in _dryrun(_l4_task(tmp_path), "--infra", "*").stdout.splitlines() if "L4:4" in line
+    ]
     assert (
         rows[0].startswith("GCP (us-east4-a)") and "✔" in rows[0] and any(r.startswith("AWS") for r in rows)
     )
-    rows = dryrun("*/us-east-1")
+    rows = [
+        line
+        for line in _dryrun(_l4_task(tmp_path), "--infra", "*/us-east-1").stdout.splitlines()
+        if "L4:4" in line
+    ]
     assert rows and all(r.startswith("AWS (use1-") for r in rows)
