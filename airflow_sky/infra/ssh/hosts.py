@@ -19,8 +19,8 @@ from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import JOBS_DIR, QUEUE_DIR
 
-LOCK_PATH = ".airflow_sky/host.lock"
-_DOCKER_BRIDGE = ipaddress.ip_network("172.17.0.0/16")  # relative to the login user's home (what SFTP sees)
+LOCK_PATH = ".airflow_sky/host.lock"  # relative to the login user's home (what SFTP sees)
+_DOCKER_BRIDGE = ipaddress.ip_network("172.17.0.0/16")  # docker0: never how other hosts reach this one
 _GPU_MARKER = "--- gpus ---"
 
 
