@@ -42,11 +42,16 @@ def test_release_removes_only_the_lock_of_its_own_allocation(tmp_path: Path) -> 
 def test_clean_stops_the_jobs_process_groups_and_removes_their_records(tmp_path: Path) -> None:
     gen = tmp_path / ".airflow_sky" / "jobs" / "1-run" / "gen-0"
     gen.mkdir(parents=True)
-    job = subprocess.Popen(["setsid", "bash", "-c", f"echo $$ > {gen}/pid; sleep 300 & wait"])
+    # The pid file is renamed into place: `clean` must never see it half written.
+    job = subprocess.Popen(
+        ["bash", "-c", f"echo $$ > {gen}/pid.tmp && mv {gen}/pid.tmp {gen}/pid; sleep 300 & wait"],
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 5
     while not (gen / "pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     pgid = int((gen / "pid").read_text())
+    assert pgid == job.pid
     _bash(hosts.clean_command(), tmp_path)
     job.wait(timeout=5)
     assert not (tmp_path / ".airflow_sky" / "jobs").exists()
