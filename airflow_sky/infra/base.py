@@ -25,6 +25,8 @@ class ProvisionRequest:
     cluster_name: str
     num_nodes: int
     resources: Resources | None = None
+    job_name: str | None = None  # the task that asks (a tag on cloud instances)
+    retry_until_up: bool = False  # on no capacity anywhere: keep trying, with backoff, instead of failing
 
 
 class Cloud(abc.ABC):

@@ -13,9 +13,11 @@ from airflow_sky.infra.cluster import Cluster
 _DRIVERS: dict[str, tuple[str, str, str | None]] = {
     "local": ("airflow_sky.infra.local.cloud", "LocalCloud", None),
     "ssh": ("airflow_sky.infra.ssh.cloud", "SshCloud", None),
+    "aws": ("airflow_sky.infra.aws.cloud", "AwsCloud", "aws"),
 }
 # Infras whose `<cloud>/<location>` names something the driver needs (the pool), and the argument it goes in.
-_LOCATION_ARGUMENT = {"ssh": "pool"}
+_LOCATION_ARGUMENT = {"ssh": "pool", "aws": "location"}
+_LOCATION_REQUIRED = {"ssh"}
 # Infras that need no credentials, so take no Airflow connection.
 _NO_CONNECTION = {"local"}
 
@@ -53,7 +55,7 @@ def get_cloud(infra: str, conn_id: str | None = None) -> Cloud:
     kwargs: dict[str, str] = {} if conn_id is None else {"conn_id": conn_id}
     location = (infra or "local").split("/", 1)[1] if "/" in (infra or "") else ""
     if cloud_name in _LOCATION_ARGUMENT:
-        if not location:
+        if not location and cloud_name in _LOCATION_REQUIRED:
             raise SpecError(f"infra: {cloud_name} needs a pool name: {cloud_name}/<pool> (got {infra!r})")
         kwargs[_LOCATION_ARGUMENT[cloud_name]] = location
     return factory(**kwargs)

@@ -21,7 +21,6 @@ BUCKET_URI_SCHEMES = ("s3", "gs", "r2", "https", "cos", "oci", "nebius")
 INERT_TASK_FIELDS = ("service", "pool", "config", "experimental", "event_callback", "volumes")
 INERT_RESOURCE_FIELDS = (
     "ports",
-    "image_id",
     "labels",
     "disk_tier",
     "network_tier",

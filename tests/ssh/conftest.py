@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from airflow_sky.infra.home import KNOWN_HOSTS_ENV, SSH_CONFIG_ENV
 from airflow_sky.infra.ssh.pools import POOL_FILE_ENV
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
+from tests.envs import patched_environ
 from tests.ssh.sshd import SshdPool
 
 POOL = "test-pool"
@@ -26,18 +26,15 @@ def sshd_pool(request: pytest.FixtureRequest) -> Iterator[SshdPool]:
     pool = SshdPool(size, prefix, getattr(request.module, "SUBNET", 0)).start()
     pool_file = pool.root / "ssh_node_pools.yaml"
     pool_file.write_text(pool.pool_yaml(POOL))
-    saved = {k: os.environ.get(k) for k in (SSH_CONFIG_ENV, KNOWN_HOSTS_ENV, POOL_FILE_ENV)}
-    os.environ[SSH_CONFIG_ENV] = str(pool.ssh_config)
-    os.environ[KNOWN_HOSTS_ENV] = str(pool.known_hosts)
-    os.environ[POOL_FILE_ENV] = str(pool_file)
+    env = {
+        SSH_CONFIG_ENV: str(pool.ssh_config),
+        KNOWN_HOSTS_ENV: str(pool.known_hosts),
+        POOL_FILE_ENV: str(pool_file),
+    }
     try:
-        yield pool
+        with patched_environ(env):
+            yield pool
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         leftovers = pool.leftover_processes()
         pool.stop()
     assert leftovers == [], f"processes left on the pool's hosts: {leftovers}"

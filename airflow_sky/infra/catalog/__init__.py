@@ -70,3 +70,9 @@ def meta() -> dict[str, Any]:
     """Where the catalog comes from and when it was read: {"as_of", "source", "offerings"}."""
     data: dict[str, Any] = json.loads(resources.files(__package__).joinpath("data", "meta.json").read_text())
     return data
+
+
+@functools.cache
+def accelerator_count(cloud: str, instance_type: str) -> int:
+    """GPUs of one instance of `instance_type` (0 for a type the catalog does not list or has none)."""
+    return next((o.accelerator_count for o in offerings(cloud) if o.instance_type == instance_type), 0)

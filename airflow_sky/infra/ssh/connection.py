@@ -12,13 +12,11 @@ for SSH to read, never logged and never passed on a command line.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from typing import Any
 
 from airflow_sky.errors import SpecError
-from airflow_sky.infra.home import sky_home
+from airflow_sky.infra.keys import write_key_file
 from airflow_sky.infra.ssh.pools import Pool, parse_pool
 
 CONN_TYPE = "sky_ssh_pool"
@@ -103,19 +101,3 @@ def pool_from_fields(
         private_key=private_key,
         known_hosts=tuple(line for line in known.splitlines() if line.strip()),
     )
-
-
-def write_key_file(conn_id: str, private_key: str) -> str:
-    """The connection's key as a 0600 file of this user (content-addressed: a rotated key gets a new file)."""
-    directory = sky_home() / "ssh" / "pool-keys"
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    digest = hashlib.sha256(private_key.encode()).hexdigest()[:16]
-    safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in conn_id)
-    path = directory / f"{safe_id}-{digest}"
-    if not path.exists():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(private_key if private_key.endswith("\n") else private_key + "\n")
-        os.replace(tmp, path)
-    return str(path)
