@@ -39,6 +39,7 @@ class LaunchOptions:
     down: bool = True
     setup: bool = True  # False: `exec` and `launch --no-setup`
     must_exist: bool = False  # True: `exec` runs only on a cluster that is already up
+    retry_until_up: bool = False  # `--retry-until-up`: no capacity anywhere is retried, not a failure
     follow: bool = True  # False: `--detach-run`, the launch returns once the run started
 
 
@@ -187,6 +188,7 @@ def dag_from_spec_file(spec_path: str) -> Any:
             down=options.down,
             setup=options.setup,
             must_exist=options.must_exist,
+            retry_until_up=options.retry_until_up,
             follow_run=options.follow,
             group_id="job",
             # The CLI prints every node's log as the follow tasks read it; waiting in a trigger would not.

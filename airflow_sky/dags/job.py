@@ -57,6 +57,7 @@ def sky_job(
     env_overrides: dict[str, str] | None = None,
     setup: bool = True,
     must_exist: bool = False,
+    retry_until_up: bool = False,
     follow_run: bool = True,
     max_recoveries: int = DEFAULT_MAX_RECOVERIES,
     artifacts: Sequence[str] | None = None,
@@ -81,6 +82,8 @@ def sky_job(
     :param conn_id: the Airflow connection with the infra's credentials (not needed for local).
     :param setup: run the task's setup on every node (False: like `sky exec` / `sky launch --no-setup`).
     :param must_exist: only use a cluster that is already up (never provision).
+    :param retry_until_up: when no region or zone has capacity, keep trying with backoff (the provision
+        task then has no deadline) instead of failing.
     :param follow_run: False ends the group once every rank's run started (`--detach-run`): no run_follow,
         collect or teardown; the job keeps running on the kept cluster.
     :param deferrable: the setup and run follow tasks wait in the triggerer while their node runs, holding
@@ -124,7 +127,8 @@ def sky_job(
             infra=infra,
             down=down,
             must_exist=must_exist,
-            execution_timeout=STEP_TIMEOUTS["provision"],
+            retry_until_up=retry_until_up,
+            execution_timeout=None if retry_until_up else STEP_TIMEOUTS["provision"],
             **common,
         )
         cluster = provision.output["handle"]  # type: ignore[index]  # a PlainXComArg of another XCom key

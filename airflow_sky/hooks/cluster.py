@@ -50,9 +50,14 @@ class SkyClusterHook(BaseHook):
 
     # ---- cluster ---------------------------------------------------------------------------------------
 
-    def provision(self, task: Task) -> list[Node]:
-        """Bring the cluster to at least the task's node count; an existing larger cluster is kept as is."""
-        return self.cluster.provision(task.num_nodes, task.resources)
+    def provision(self, task: Task, retry_until_up: bool = False) -> list[Node]:
+        """Bring the cluster to at least the task's node count; an existing larger cluster is kept as is.
+
+        retry_until_up: when no placement has capacity, keep trying (with backoff) instead of failing.
+        """
+        return self.cluster.provision(
+            task.num_nodes, task.resources, job_name=task.name, retry_until_up=retry_until_up
+        )
 
     def nodes(self) -> list[Node]:
         return self.cluster.nodes()

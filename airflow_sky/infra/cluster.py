@@ -27,13 +27,27 @@ class Cluster:
 
     # ---- membership ------------------------------------------------------------------------------------
 
-    def provision(self, num_nodes: int, resources: Resources | None = None) -> list[Node]:
+    def provision(
+        self,
+        num_nodes: int,
+        resources: Resources | None = None,
+        *,
+        job_name: str | None = None,
+        retry_until_up: bool = False,
+    ) -> list[Node]:
         """Bring the cluster to at least `num_nodes` running nodes; an existing larger cluster is kept."""
         existing = self.cloud.nodes(self.name)
         running = [n for n in existing if n.status is NodeStatus.RUNNING]
         if len(existing) >= num_nodes and len(running) == len(existing):
             return existing
-        return self.cloud.provision(ProvisionRequest(self.name, max(num_nodes, len(existing)), resources))
+        request = ProvisionRequest(
+            self.name,
+            max(num_nodes, len(existing)),
+            resources,
+            job_name=job_name,
+            retry_until_up=retry_until_up,
+        )
+        return self.cloud.provision(request)
 
     def nodes(self) -> list[Node]:
         """Every node of the cluster, ordered by rank, with its current status (no side effects)."""

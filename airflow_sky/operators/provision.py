@@ -36,10 +36,12 @@ class SkyProvisionOperator(SkyBaseOperator):
         infra: str = "local",
         down: bool = True,
         must_exist: bool = False,
+        retry_until_up: bool = False,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.must_exist = must_exist
+        self.retry_until_up = retry_until_up
         self.cluster_name = cluster_name
         self.infra = infra
         self.down = down
@@ -61,7 +63,7 @@ class SkyProvisionOperator(SkyBaseOperator):
             self.sky_task.num_nodes,
         )
         try:
-            hook.provision(self.sky_task)
+            hook.provision(self.sky_task, retry_until_up=self.retry_until_up)
             nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
             handle = register_job(
                 hook.cluster, self.sky_task, nodes, submit_key=f"{self.dag_id}/{run_id}/{self.task_id}"

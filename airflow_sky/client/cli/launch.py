@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
     down.add_argument("--no-down", dest="down", action="store_false", help="keep the cluster (the default)")
     launch.set_defaults(down=False)
     launch.add_argument("--no-setup", action="store_true", help="skip the setup section")
+    launch.add_argument(
+        "-r",
+        "--retry-until-up",
+        action="store_true",
+        help="on a cloud without capacity anywhere: keep trying (with backoff) instead of failing",
+    )
     launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     launch.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
     launch.add_argument(
@@ -228,6 +234,7 @@ def _launch(args: argparse.Namespace) -> int:
             down=args.down,
             setup=not args.no_setup,
             follow=not args.detach_run,
+            retry_until_up=args.retry_until_up,
         ),
         args.file,
     )

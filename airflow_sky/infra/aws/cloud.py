@@ -49,6 +49,7 @@ from airflow_sky.task import Resources
 log = logging.getLogger(__name__)
 
 PLACEMENT_KEY = "placement"
+DEFAULT_DISK_SIZE_GB = 256  # SkyPilot's default disk_size
 # For emulators only (moto plays EC2 but its instances are not machines): "module:function" taking
 # (instance_id) and returning {"host", "port", "user", "internal_ip", "host_key"} of a machine that plays it.
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_AWS_ENDPOINT_RESOLVER"
@@ -161,13 +162,23 @@ class AwsCloud(Cloud):
 
     def _placement(self, cluster_name: str) -> Placement | None:
         record = self._store(cluster_name).get(PLACEMENT_KEY)
-        return Placement(**record.data) if record else None
+        if record is None:
+            return None
+        return Placement(**{f.name: record.data[f.name] for f in dataclasses.fields(Placement)})
 
-    def _record_placement(self, cluster_name: str, placement: Placement) -> None:
+    def _launch_settings(self, cluster_name: str) -> dict[str, Any]:
+        """The image and disk the cluster was launched with: what a replacement node gets too."""
+        record = self._store(cluster_name).get(PLACEMENT_KEY)
+        return {k: record.data.get(k) for k in ("image", "disk_size")} if record else {}
+
+    def _record_placement(self, cluster_name: str, placement: Placement, image: str, disk_size: int) -> None:
         store = self._store(cluster_name)
+        data = dataclasses.asdict(placement) | {"image": image, "disk_size": disk_size}
         for _ in range(5):
             current = store.get(PLACEMENT_KEY)
-            if store.put(PLACEMENT_KEY, dataclasses.asdict(placement), current.version if current else None):
+            if current is not None and current.data == data:
+                return
+            if store.put(PLACEMENT_KEY, data, current.version if current else None):
                 return
         raise ClusterError(f"aws: could not record where cluster {cluster_name!r} lives (concurrent writers)")
 
@@ -360,7 +371,6 @@ class AwsCloud(Cloud):
         region = placement.region
         ec2 = self._client("ec2", region)
         resources = request.resources or Resources()
-        self._record_placement(cluster, placement)
         key_name = network.ensure_key_pair(ec2, public_key_of(s.ssh_key_file))
         vpc = network.default_vpc(ec2, region)
         group = network.ensure_security_group(ec2, vpc, s.security_group, s.ssh_cidr)
@@ -373,6 +383,7 @@ class AwsCloud(Cloud):
             region,
             self.image_parameters,
         )
+        self._record_placement(cluster, placement, image, _disk_size(resources))
         day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         token = instances.launch_token(cluster, ranks, placement.label, known, day)
         adopted = [
@@ -453,7 +464,7 @@ class AwsCloud(Cloud):
                 {
                     "DeviceName": root_device,
                     "Ebs": {
-                        "VolumeSize": int(resources.disk_size or 256),
+                        "VolumeSize": _disk_size(resources),
                         "VolumeType": "gp3",
                         "DeleteOnTermination": True,
                     },
@@ -651,7 +662,14 @@ class AwsCloud(Cloud):
             )
             if p.region == region and p != placement
         ]
-        request = ProvisionRequest(cluster_name, rank + 1)
+        launched = self._launch_settings(cluster_name)
+        same = Resources(
+            instance_type=placement.instance_type,
+            use_spot=placement.use_spot,
+            image_id=launched.get("image"),
+            disk_size=launched.get("disk_size"),
+        )
+        request = ProvisionRequest(cluster_name, rank + 1, same)
         self._launch_somewhere(
             cluster_name, [rank], [placement, *others], request, [m.instance_id for m in members]
         )
@@ -708,6 +726,10 @@ _INSTANCE_ID_COMMAND = (
     "-H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)\" "
     "http://169.254.169.254/latest/meta-data/instance-id"
 )
+
+
+def _disk_size(resources: Resources) -> int:
+    return int(resources.disk_size or DEFAULT_DISK_SIZE_GB)
 
 
 def _image_for(resources: Resources, region: str) -> str | None:
