@@ -175,7 +175,14 @@ def start_rank(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ra
         states.update(handle.job_id, lambda s: js.set_status(s, status, time.time()))
     try:
         with cluster.client(node) as client:
-            start = jobs.start_job(client, handle.remote_job_id(phase), script, env, handle.generation)
+            start = jobs.start_job(
+                client,
+                handle.remote_job_id(phase),
+                script,
+                env,
+                handle.generation,
+                autostop=cluster.autostop_for(task.resources),
+            )
     except RemoteError:
         if phase != "run" or rank not in cluster.unhealthy_ranks([node]):
             raise

@@ -196,11 +196,12 @@ def _relaunch(
             f"job {handle.job_id} is {now_state.status.value}: the relaunch stops before starting it",
             status="CANCELLED" if now_state.cancelled else now_state.status.value,
         )
+    autostop = cluster.autostop_for(task.resources)
     with cluster.clients(run_nodes) as clients:
 
         def start(node: Node) -> None:
             env = phase_env(cluster, task, new_handle, "run", node.rank)
-            jobs.start_job(clients[node.rank], job_id, task.run or "", env, claim.target)
+            jobs.start_job(clients[node.rank], job_id, task.run or "", env, claim.target, autostop=autostop)
 
         parallel([lambda n=n: start(n) for n in run_nodes])  # type: ignore[misc]
     return list(new_handle.nodes)
@@ -213,7 +214,14 @@ def _run_setup(
     job_id = handle.remote_job_id("setup")
     env = phase_env(cluster, task, handle, "setup", node.rank)
     with cluster.client(node) as client:
-        jobs.start_job(client, job_id, task.setup or "", env, handle.generation)
+        jobs.start_job(
+            client,
+            job_id,
+            task.setup or "",
+            env,
+            handle.generation,
+            autostop=cluster.autostop_for(task.resources),
+        )
         tail = LogTail(client, job_id, handle.generation, setup=True, emit=log)
         deadline = time.monotonic() + _SETUP_TIMEOUT_S
         while time.monotonic() < deadline:

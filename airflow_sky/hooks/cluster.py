@@ -59,6 +59,16 @@ class SkyClusterHook(BaseHook):
             task.num_nodes, task.resources, job_name=task.name, retry_until_up=retry_until_up
         )
 
+    def arm_autostop(self, task: Task, nodes: list[Node]) -> None:
+        """Arm every node's autostop watcher (resources.autostop); nothing without it."""
+        autostop = self.cluster.arm_autostop(nodes, task.resources)
+        if autostop is not None:
+            self.log.info(
+                "Autostop armed on %d node(s): each stops itself after %d idle minute(s)",
+                len(nodes),
+                autostop.idle_s // 60,
+            )
+
     def nodes(self) -> list[Node]:
         return self.cluster.nodes()
 

@@ -10,6 +10,7 @@ import abc
 import dataclasses
 from collections.abc import Sequence
 
+from airflow_sky.errors import ClusterError
 from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.record import Node, NodeStatus
 from airflow_sky.task import Resources
@@ -68,6 +69,16 @@ class Cloud(abc.ABC):
     @abc.abstractmethod
     def state_store(self, cluster_name: str) -> StateStore:
         """Where the cluster's job state lives: kept by the infra, surviving the loss of any node."""
+
+    def autostop_action(self, cluster_name: str, down: bool) -> str:
+        """The shell command with which a node of the cluster stops itself (down: ends itself for good)."""
+        raise ClusterError(
+            f"resources.autostop: the {self.name} infra has no way for a node to stop itself; leave "
+            "autostop out (and use --down to end the cluster with the job)"
+        )
+
+    def prepare_autostop(self, cluster_name: str, down: bool) -> None:  # noqa: B027 - optional hook
+        """Make the infra's side of autostop ready (e.g. what a shutdown does to an instance)."""
 
     def check_config(self) -> None:  # noqa: B027 - optional hook: most infras have nothing to check
         """Refuse a bad local configuration (a pool file, a credential) before anything connects."""

@@ -8,13 +8,19 @@ one handed in and never see a driver or the hook.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.state_store import StateStore
+from airflow_sky.node.autostop import NodeAutostop, arm_command, disarm_command
 from airflow_sky.node.client import NodeClient
 from airflow_sky.task import Resources
+
+AUTOSTOP_CHECK_ENV = "AIRFLOW_SKY_AUTOSTOP_CHECK_S"  # how often a node's watcher looks (default 60 s)
+DEFAULT_AUTOSTOP_CHECK_S = 60.0
 
 
 class Cluster:
@@ -85,6 +91,43 @@ class Cluster:
 
     def info(self) -> ClusterInfo:
         return self.cloud.cluster_info(self.name)
+
+    # ---- autostop ----------------------------------------------------------------------------------
+
+    def autostop_for(self, resources: Resources | None) -> NodeAutostop | None:
+        """What a node's watcher is armed with for `resources.autostop`; None when it is not set or off."""
+        config = resources.autostop if resources is not None else None
+        if not isinstance(config, dict):
+            return None
+        return NodeAutostop(
+            idle_s=int(config["idle_minutes"]) * 60,
+            action=self.cloud.autostop_action(self.name, bool(config["down"])),
+            wait_for=str(config["wait_for"]),
+            check_s=float(os.environ.get(AUTOSTOP_CHECK_ENV, DEFAULT_AUTOSTOP_CHECK_S)),
+        )
+
+    def arm_autostop(self, nodes: Sequence[Node], resources: Resources | None) -> NodeAutostop | None:
+        """Arm (or, for `autostop: false`, disarm) every node's watcher; a no-op without autostop."""
+        config = resources.autostop if resources is not None else None
+        if config is None:
+            return None
+        autostop = self.autostop_for(resources)
+        if autostop is not None:
+            assert isinstance(config, dict)
+            self.cloud.prepare_autostop(self.name, bool(config["down"]))
+        command = arm_command(autostop) if autostop is not None else disarm_command()
+
+        def arm(node: Node) -> None:
+            with self.client(node) as client:
+                rc, _, err = client.exec(command, timeout=60)
+            if rc != 0:
+                raise ClusterError(
+                    f"autostop: could not arm rank {node.rank}: {err.decode(errors='replace')}"
+                )
+
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
+            list(pool.map(arm, nodes))
+        return autostop
 
     def state_store(self) -> StateStore:
         """Where the cluster's job state lives (kept by the infra, not on any node)."""

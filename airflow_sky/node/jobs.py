@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from airflow_sky.errors import RemoteError
 from airflow_sky.node import shell
+from airflow_sky.node.autostop import NodeAutostop, arm_command
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import envs
@@ -65,9 +66,18 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
 
 
 def start_job(
-    client: NodeClient, job_id: str, script: str, env: Mapping[str, str], generation: int = 0
+    client: NodeClient,
+    job_id: str,
+    script: str,
+    env: Mapping[str, str],
+    generation: int = 0,
+    autostop: NodeAutostop | None = None,
 ) -> JobStart:
-    """Start `script` detached under bash in ~/sky_workdir with `env`; a second call attaches instead."""
+    """Start `script` detached under bash in ~/sky_workdir with `env`; a second call attaches instead.
+
+    With `autostop`, the node's watcher is (re)armed first: every start does it, so a node that replaced a
+    lost one is armed like the rest.
+    """
     payload = _tar(
         {
             "script.sh": (script.encode(), 0o700),
@@ -75,7 +85,10 @@ def start_job(
             "launch.sh": (shell.launch_script().encode(), 0o700),
         }
     )
-    rc, out, err = client.exec(shell.start_command(job_id, generation), stdin=payload, timeout=60)
+    command = shell.start_command(job_id, generation)
+    if autostop is not None:
+        command = f"( {arm_command(autostop)} ) >/dev/null 2>&1\n{command}"
+    rc, out, err = client.exec(command, stdin=payload, timeout=60)
     if rc != 0:
         raise RemoteError(
             f"could not start job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}"

@@ -16,6 +16,7 @@ class NodeStatus(enum.StrEnum):
     PREEMPTED = "PREEMPTED"
     TERMINATED = "TERMINATED"
     UNREACHABLE = "UNREACHABLE"
+    STOPPED = "STOPPED"  # stopped by autostop: its disk is kept, and provisioning the cluster starts it again
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ import re
 import shlex
 import signal
 
+from airflow_sky.node.autostop import TOUCH_ACTIVITY
 from airflow_sky.node.paths import JOBS_DIR, WORKDIR
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -71,6 +72,7 @@ def start_command(job_id: str, generation: int) -> str:
 set -eu
 umask 077
 d={d}
+{TOUCH_ACTIVITY}
 mkdir -p "$d"
 if ( set -C; : > "$d/claimed" ) 2>/dev/null; then
   tar -xf - -C "$d"
@@ -111,6 +113,7 @@ def poll_command(job_id: str, generation: int, offset: int, max_bytes: int) -> s
     d = generation_dir(job_id, generation)
     return f"""\
 d={d}
+{TOUCH_ACTIVITY}
 if [ ! -d "$d" ]; then echo "missing 0 0 -"; exit 0; fi
 alive=0
 pid=$(cat "$d/pid" 2>/dev/null || true)

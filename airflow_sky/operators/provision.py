@@ -65,6 +65,7 @@ class SkyProvisionOperator(SkyBaseOperator):
         try:
             hook.provision(self.sky_task, retry_until_up=self.retry_until_up)
             nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
+            hook.arm_autostop(self.sky_task, nodes)
             handle = register_job(
                 hook.cluster, self.sky_task, nodes, submit_key=f"{self.dag_id}/{run_id}/{self.task_id}"
             )

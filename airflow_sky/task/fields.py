@@ -85,6 +85,51 @@ def parse_accelerators(value: Any, ctx: SpecContext, path: Sequence[PathPart]) -
     return result
 
 
+_DURATION = re.compile(r"^\s*(?P<num>[0-9]+)\s*(?P<unit>[mhd]?)\s*$")
+_MINUTES_PER = {"": 1, "m": 1, "h": 60, "d": 24 * 60}
+AUTOSTOP_WAIT_FOR = ("jobs_and_ssh", "jobs", "none")
+DEFAULT_AUTOSTOP_MINUTES = 5  # SkyPilot's, for `autostop: true`
+_AUTOSTOP_FORMS = "true/false, minutes (10), a duration ('10m', '1h', '1d') or {idle_minutes, down, wait_for}"
+
+
+def parse_autostop(value: Any, ctx: SpecContext, path: Sequence[PathPart]) -> dict[str, Any] | bool:
+    """resources.autostop -> False (off) or {"idle_minutes": int, "down": bool, "wait_for": str}."""
+    if value is False:
+        return False
+    if value is True:
+        return {"idle_minutes": DEFAULT_AUTOSTOP_MINUTES, "down": False, "wait_for": "jobs_and_ssh"}
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"idle_minutes", "down", "wait_for"})
+        if unknown:
+            raise ctx.error(
+                path, f"unknown field(s) {', '.join(unknown)}; allowed: idle_minutes, down, wait_for"
+            )
+        minutes = _idle_minutes(
+            value.get("idle_minutes", DEFAULT_AUTOSTOP_MINUTES), ctx, [*path, "idle_minutes"]
+        )
+        down = value.get("down", False)
+        if not isinstance(down, bool):
+            raise ctx.error([*path, "down"], f"must be true or false, got {show(down)}")
+        wait_for = value.get("wait_for", "jobs_and_ssh")
+        if wait_for not in AUTOSTOP_WAIT_FOR:
+            raise ctx.error(
+                [*path, "wait_for"], f"must be one of {', '.join(AUTOSTOP_WAIT_FOR)}, got {show(wait_for)}"
+            )
+        return {"idle_minutes": minutes, "down": down, "wait_for": wait_for}
+    return {"idle_minutes": _idle_minutes(value, ctx, path), "down": False, "wait_for": "jobs_and_ssh"}
+
+
+def _idle_minutes(value: Any, ctx: SpecContext, path: Sequence[PathPart]) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ctx.error(path, f"idle minutes must be >= 0, got {value}")
+        return value
+    match = _DURATION.match(str(value)) if isinstance(value, str) else None
+    if match is None:
+        raise ctx.error(path, f"must be {_AUTOSTOP_FORMS}, got {show(value)}")
+    return int(match["num"]) * _MINUTES_PER[match["unit"]]
+
+
 def format_accelerators(accelerators: dict[str, Count]) -> str | dict[str, Count]:
     """The YAML form: 'L4:4' for one candidate, {L4: 4, A100: 8} for several."""
     if len(accelerators) == 1:

@@ -91,12 +91,12 @@ class Resources:
     disk_size: int | None
     job_recovery: JobRecovery | None
     ports: tuple[str, ...] | None
-    # Parsed and kept, not acted on yet:
     image_id: str | dict[str, Any] | None
+    # Parsed and kept, not acted on yet:
     labels: dict[str, str] | None
     disk_tier: str | None
     network_tier: str | None
-    autostop: Any
+    autostop: dict[str, Any] | bool | None  # False: off; else {"idle_minutes", "down", "wait_for"}
     accelerator_args: dict[str, Any] | None
     any_of: tuple[Resources, ...]
     ordered: tuple[Resources, ...]
@@ -174,7 +174,10 @@ class Resources:
         self.labels = copy.deepcopy(config.get("labels"))
         self.disk_tier = config.get("disk_tier")
         self.network_tier = config.get("network_tier")
-        self.autostop = copy.deepcopy(config.get("autostop"))
+        autostop = config.get("autostop")
+        self.autostop = (
+            None if autostop is None else fields.parse_autostop(autostop, ctx, [*path, "autostop"])
+        )
         self.accelerator_args = copy.deepcopy(config.get("accelerator_args"))
         for key in INERT_RESOURCE_FIELDS:
             if key in config:

@@ -24,7 +24,6 @@ INERT_RESOURCE_FIELDS = (
     "labels",
     "disk_tier",
     "network_tier",
-    "autostop",
     "accelerator_args",
 )
 

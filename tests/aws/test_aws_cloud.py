@@ -294,3 +294,44 @@ def test_a_rank_is_read_from_the_launch_when_its_own_tag_was_never_written() -> 
     assert instances.rank_of(tags, 0) == 1 and instances.rank_of(tags, 1) == 3
     assert instances.rank_of({instances.TAG_RANK: "2", **tags}, 0) == 2
     assert instances.rank_of({}, 0) is None
+
+
+def _shutdown_behavior(endpoint: str, instance_id: str) -> str:
+    attribute = boto("ec2", endpoint).describe_instance_attribute(
+        InstanceId=instance_id, Attribute="instanceInitiatedShutdownBehavior"
+    )
+    return str(attribute["InstanceInitiatedShutdownBehavior"]["Value"])
+
+
+def test_autostop_makes_a_nodes_own_shutdown_stop_or_end_its_instance(
+    moto_endpoint: str, cluster: str
+) -> None:
+    cloud = MotoAwsCloud(REGION)
+    nodes = cloud.provision(ProvisionRequest(cluster, 2, M6I.copy(autostop={"idle_minutes": 10})))
+    assert {_shutdown_behavior(moto_endpoint, n.instance_id) for n in nodes} == {"stop"}
+    assert "shutdown -h now" in cloud.autostop_action(cluster, down=False)
+    cloud.prepare_autostop(cluster, down=True)  # `-i 10 --down` on the kept cluster
+    assert {_shutdown_behavior(moto_endpoint, n.instance_id) for n in nodes} == {"terminate"}
+    new = cloud.replace(cluster, 1)  # a replacement behaves like the rest
+    assert _shutdown_behavior(moto_endpoint, new.instance_id) == "terminate"
+
+
+def test_a_cluster_stopped_by_autostop_is_started_again_by_provisioning(
+    moto_endpoint: str, cluster: str
+) -> None:
+    cloud = MotoAwsCloud(REGION)
+    nodes = cloud.provision(ProvisionRequest(cluster, 2, M6I.copy(autostop=5)))
+    boto("ec2", moto_endpoint).stop_instances(
+        InstanceIds=[n.instance_id for n in nodes]
+    )  # the nodes' shutdown
+    assert [n.status for n in cloud.nodes(cluster)] == [NodeStatus.STOPPED, NodeStatus.STOPPED]
+    again = cloud.provision(ProvisionRequest(cluster, 2, M6I.copy(autostop=5)))
+    assert [(n.instance_id, n.status) for n in again] == [(n.instance_id, NodeStatus.RUNNING) for n in nodes]
+
+
+def test_spot_nodes_can_only_autodown(moto_endpoint: str, cluster: str) -> None:
+    cloud = MotoAwsCloud(REGION)
+    nodes = cloud.provision(ProvisionRequest(cluster, 1, M6I.copy(use_spot=True, autostop=5)))
+    assert _shutdown_behavior(moto_endpoint, nodes[0].instance_id) == "terminate"
+    with pytest.raises(SpecError, match="spot instances cannot be stopped"):
+        cloud.prepare_autostop(cluster, down=False)

@@ -197,7 +197,7 @@ def test_resources_from_dict_names_the_given_source() -> None:
 def test_inert_resource_fields_are_kept_and_warned_once() -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        resources = Resources(image_id="docker:ubuntu", labels={"a": "b"}, autostop=10)
+        resources = Resources(image_id="docker:ubuntu", labels={"a": "b"}, disk_tier="best")
     assert len(record) == 1 and issubclass(record[0].category, SpecWarning)
-    assert "resources.labels, resources.autostop" in str(record[0].message)
-    assert resources.to_dict() == {"image_id": "docker:ubuntu", "labels": {"a": "b"}, "autostop": 10}
+    assert "resources.labels, resources.disk_tier" in str(record[0].message)
+    assert resources.to_dict() == {"image_id": "docker:ubuntu", "labels": {"a": "b"}, "disk_tier": "best"}

@@ -37,6 +37,15 @@ def register(subparsers: Any) -> None:
     launch.set_defaults(down=False)
     launch.add_argument("--no-setup", action="store_true", help="skip the setup section")
     launch.add_argument(
+        "-i",
+        "--idle-minutes-to-autostop",
+        dest="idle_minutes",
+        type=int,
+        metavar="N",
+        help="each node stops itself after N idle minutes (no job, no Airflow task touching it); with "
+        "--down it ends itself instead (autodown), and the cluster stays up until then",
+    )
+    launch.add_argument(
         "-r",
         "--retry-until-up",
         action="store_true",
@@ -222,16 +231,26 @@ def _launch(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("", "y", "yes"):
             print("Aborted.")
             return 1
-    if args.detach_run and args.down:
+    down = args.down
+    if args.idle_minutes is not None:
+        if args.idle_minutes < 0:
+            raise SpecError(f"--idle-minutes-to-autostop: must be >= 0, got {args.idle_minutes}")
+        # As `sky launch -i N [--down]`: the nodes stop (or, with --down, end) themselves once idle.
+        task.set_resources(
+            task.resources.copy(autostop={"idle_minutes": args.idle_minutes, "down": args.down})
+        )
+        down = False
+    if args.detach_run and down:
         raise SpecError(
-            "--down cannot be combined with --detach-run: the cluster would go down under the running job"
+            "--down cannot be combined with --detach-run: the cluster would go down under the running job "
+            "(add -i N for the nodes to end themselves once idle)"
         )
     return _run(
         task,
         LaunchOptions(
             cluster_name=cluster,
             infra=infra,
-            down=args.down,
+            down=down,
             setup=not args.no_setup,
             follow=not args.detach_run,
             retry_until_up=args.retry_until_up,

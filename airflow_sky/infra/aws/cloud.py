@@ -169,13 +169,15 @@ class AwsCloud(Cloud):
     def _launch_settings(self, cluster_name: str) -> dict[str, Any]:
         """The image and disk the cluster was launched with: what a replacement node gets too."""
         record = self._store(cluster_name).get(PLACEMENT_KEY)
-        return {k: record.data.get(k) for k in ("image", "disk_size")} if record else {}
+        return {k: record.data.get(k) for k in ("image", "disk_size", "shutdown")} if record else {}
 
     def _record_placement(self, cluster_name: str, placement: Placement, image: str, disk_size: int) -> None:
         store = self._store(cluster_name)
-        data = dataclasses.asdict(placement) | {"image": image, "disk_size": disk_size}
         for _ in range(5):
             current = store.get(PLACEMENT_KEY)
+            # Merged: what autostop recorded (the shutdown behavior) stays for the nodes launched later.
+            data = (current.data if current else {}) | dataclasses.asdict(placement)
+            data |= {"image": image, "disk_size": disk_size}
             if current is not None and current.data == data:
                 return
             if store.put(PLACEMENT_KEY, data, current.version if current else None):
@@ -305,6 +307,15 @@ class AwsCloud(Cloud):
         region = self.region or (recorded.region if recorded else None)
         members = self._members(cluster, region) if region else []
         current = instances.current_members(members)
+        stopped = [
+            m.instance_id for r, m in current.items() if m.state == "stopped" and r < request.num_nodes
+        ]
+        if stopped and region is not None:
+            # Stopped by autostop: start them again (same disks, same host keys, new addresses).
+            log.info("aws: %s: starting %d stopped instance(s)", cluster, len(stopped))
+            self._client("ec2", region).start_instances(InstanceIds=stopped)
+            members = self._members(cluster, region)
+            current = instances.current_members(members)
         held = {r: m for r, m in current.items() if m.state in instances.LIVE_STATES}
         missing = [r for r in range(request.num_nodes) if r not in held]
         # Nodes already up fix the placement: the rest join them in the same zone, with the same type.
@@ -470,8 +481,10 @@ class AwsCloud(Cloud):
                     },
                 }
             ],
-            # The node's own `shutdown` ends it: the autostop dead-man switch needs no AWS credentials.
-            "InstanceInitiatedShutdownBehavior": "terminate",
+            # The node's own `shutdown` stops or ends it: autostop's dead-man switch needs no credentials.
+            "InstanceInitiatedShutdownBehavior": _shutdown_behavior(
+                resources, placement, self._launch_settings(cluster).get("shutdown")
+            ),
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
                 {"ResourceType": "volume", "Tags": tags[:1]},
@@ -535,11 +548,7 @@ class AwsCloud(Cloud):
         deadline = time.monotonic() + self.running_timeout_s
         while True:
             members = {m.instance_id: m for m in self._members(cluster, region) if m.instance_id in ids}
-            lost = [
-                m
-                for m in members.values()
-                if m.state in ("shutting-down", "terminated", "stopping", "stopped")
-            ]
+            lost = [m for m in members.values() if m.state in ("shutting-down", "terminated")]
             if lost:
                 m = lost[0]
                 placement = Placement(region, self.zone_id(region, m.zone), m.instance_type, m.spot)
@@ -678,6 +687,40 @@ class AwsCloud(Cloud):
             raise ClusterError(f"aws: the replacement for rank {rank} of {cluster_name!r} is not running")
         return node
 
+    # ---- autostop ----------------------------------------------------------------------------------
+
+    def autostop_action(self, cluster_name: str, down: bool) -> str:
+        # What `shutdown` does to the instance (stop or terminate) was set by prepare_autostop.
+        return "sudo -n shutdown -h now || sudo -n poweroff || shutdown -h now"
+
+    def prepare_autostop(self, cluster_name: str, down: bool) -> None:
+        placement = self._placement(cluster_name)
+        region = self._region_of(cluster_name)
+        if placement is None or region is None:
+            raise ClusterError(f"aws: cluster {cluster_name!r} not found; cannot set its autostop")
+        if placement.use_spot and not down:
+            raise SpecError(
+                "resources.autostop: spot instances cannot be stopped, only ended; set `down: true` "
+                "(or add --down to -i)"
+            )
+        behavior = "terminate" if down else "stop"
+        ec2 = self._client("ec2", region)
+        for m in self._members(cluster_name, region):
+            if m.state in instances.LIVE_STATES and not m.ended:
+                ec2.modify_instance_attribute(
+                    InstanceId=m.instance_id, Attribute="instanceInitiatedShutdownBehavior", Value=behavior
+                )
+        self._record_shutdown(cluster_name, behavior)
+
+    def _record_shutdown(self, cluster_name: str, behavior: str) -> None:
+        store = self._store(cluster_name)
+        for _ in range(5):
+            current = store.get(PLACEMENT_KEY)
+            if current is None or current.data.get("shutdown") == behavior:
+                return
+            if store.put(PLACEMENT_KEY, current.data | {"shutdown": behavior}, current.version):
+                return
+
     def _end(self, region: str, ids: list[str]) -> None:
         """Mark instances as ended by airflow-sky, then terminate them (the mark keeps them off `nodes`)."""
         if not ids:
@@ -726,6 +769,17 @@ _INSTANCE_ID_COMMAND = (
     "-H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token)\" "
     "http://169.254.169.254/latest/meta-data/instance-id"
 )
+
+
+def _shutdown_behavior(resources: Resources, placement: Placement, recorded: str | None) -> str:
+    """`stop` for autostop without down on on-demand instances; `terminate` otherwise (one-time spot
+    instances cannot stop). A node launched into a cluster (a replacement) does what the others do."""
+    if recorded in ("stop", "terminate"):
+        return recorded
+    autostop = resources.autostop
+    if isinstance(autostop, dict) and not autostop["down"] and not placement.use_spot:
+        return "stop"
+    return "terminate"
 
 
 def _disk_size(resources: Resources) -> int:

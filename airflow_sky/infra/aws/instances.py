@@ -113,6 +113,8 @@ def status_of(member: Member) -> NodeStatus:
         return NodeStatus.RUNNING
     if member.state == "pending":
         return NodeStatus.UNREACHABLE  # not usable yet; provisioning waits it out
+    if member.state in ("stopping", "stopped"):
+        return NodeStatus.STOPPED  # autostop: the disk is kept, provisioning starts it again
     if member.spot or member.state_reason in _SPOT_REASONS:
         return NodeStatus.PREEMPTED
     return NodeStatus.TERMINATED

@@ -151,6 +151,9 @@ class LocalCloud(Cloud):
                     batch = []
                     for rank in missing[start : start + PROVISION_BATCH]:
                         node = existing.get(rank)
+                        if node is not None and node.status is NodeStatus.STOPPED:
+                            batch.append(self._restart(cluster, node.instance_id))  # its disk is kept
+                            continue
                         if node is not None:  # a dead node keeps its rank on a fresh instance
                             self._retire(cluster, node.instance_id)
                         batch.append(self._launch(cluster, rank, per_node, len(missing) - len(created)))
@@ -216,7 +219,10 @@ class LocalCloud(Cloud):
         base = layout.root()
         if not base.is_dir():
             return []
-        return sorted(p.name for p in base.iterdir() if (p / "instances").is_dir())
+        # A cluster whose nodes all ended themselves (autodown) leaves an empty instances dir: not a cluster.
+        return sorted(
+            p.name for p in base.iterdir() if (p / "instances").is_dir() and any((p / "instances").iterdir())
+        )
 
     # ---- local-only operations -------------------------------------------------------------------------
 
@@ -291,6 +297,19 @@ class LocalCloud(Cloud):
         daemon.spawn_server(node_dir, daemon.marker(cluster_name, instance_id))
         return node_dir
 
+    def _restart(self, cluster_name: str, instance_id: str) -> Path:
+        """Start a node that autostop stopped again: same home, address and host key."""
+        node_dir = layout.instances_dir(cluster_name) / instance_id
+        record = layout.read_node_record(node_dir)
+        record["state"] = layout.STATE_RUNNING
+        layout.write_json_atomic(layout.node_record_path(node_dir), record)
+        daemon.spawn_server(node_dir, daemon.marker(cluster_name, instance_id))
+        return node_dir
+
+    def autostop_action(self, cluster_name: str, down: bool) -> str:
+        # A local node cannot power itself off: it asks its server, which stops (or ends) the node.
+        return f"printf '%s\\n' {'down' if down else 'stop'} > \"$HOME/{layout.POWEROFF_PATH}\""
+
     def _wait(self, node_dirs: list[Path]) -> None:
         if not node_dirs:
             return
@@ -323,6 +342,8 @@ class LocalCloud(Cloud):
             status = NodeStatus.RUNNING
         elif record.get("state") == layout.STATE_PREEMPTED:
             status = NodeStatus.PREEMPTED
+        elif record.get("state") == layout.STATE_STOPPED:
+            status = NodeStatus.STOPPED
         else:
             status = NodeStatus.TERMINATED
         return Node(

@@ -53,6 +53,9 @@ CLUSTER_KEY = "id_ed25519"
 STATE_RUNNING = "running"
 STATE_PREEMPTED = "preempted"
 STATE_TERMINATED = "terminated"
+STATE_STOPPED = "stopped"
+# A node's request to its own server (autostop's action): `stop` or `down`, like `shutdown` on a VM.
+POWEROFF_PATH = ".airflow_sky/poweroff"
 
 
 def root() -> Path:

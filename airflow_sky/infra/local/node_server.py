@@ -17,15 +17,18 @@ import fcntl
 import json
 import os
 import pty
+import shutil
 import signal
 import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 from typing import Any
 
 import asyncssh
+import psutil
 
 from airflow_sky.infra.local import layout
 
@@ -291,10 +294,47 @@ async def _serve(node_dir: Path, isolated: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    poweroff = asyncio.ensure_future(_watch_poweroff(home, node_dir, stop))
     await stop.wait()
+    poweroff.cancel()
     reaper.cancel()
     server.close()
     await server.wait_closed()
+    state = layout.read_node_record(node_dir).get("state")
+    if state in (layout.STATE_STOPPED, layout.STATE_TERMINATED):
+        _end_own_processes(marker)
+    if state == layout.STATE_TERMINATED:  # autodown: nothing of the node stays, as after a teardown
+        for path in (home, Path(record.get("tmp") or tmpdir), node_dir):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+async def _watch_poweroff(home: Path, node_dir: Path, stop: asyncio.Event) -> None:
+    """Act on the node's own poweroff request (autostop): `stop` keeps its disk, `down` ends it for good."""
+    request = home / layout.POWEROFF_PATH
+    while not stop.is_set():
+        await asyncio.sleep(1.0)
+        try:
+            how = request.read_text().strip()
+        except OSError:
+            continue
+        request.unlink(missing_ok=True)
+        record = layout.read_node_record(node_dir)
+        record["state"] = layout.STATE_TERMINATED if how == "down" else layout.STATE_STOPPED
+        record["stopped_at"] = time.time()
+        layout.write_json_atomic(layout.node_record_path(node_dir), record)
+        layout.ready_path(node_dir).unlink(missing_ok=True)
+        stop.set()
+
+
+def _end_own_processes(marker: str) -> None:
+    """The node's processes end with it, as a VM's do (in a PID namespace the kernel does it anyway)."""
+    root = os.environ.get(layout.NODE_ROOT_ENV)
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            environ = proc.environ()
+            own = environ.get(layout.NODE_MARKER_ENV) == marker and environ.get(layout.NODE_ROOT_ENV) == root
+            if own and proc.pid != os.getpid():
+                proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
