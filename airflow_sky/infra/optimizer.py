@@ -3,7 +3,8 @@
 Pure functions over the catalog (infra.catalog) and Resources, SkyPilot's rules:
 
 - `accelerators`: the model by name (any case) and the count per instance (a fractional count takes an
-  instance with one); several candidates in a mapping or set: the cheapest of them.
+  instance with one); several candidates in a mapping or set: the cheapest of them; in a list: the first
+  that fits anywhere, in the list's order.
 - `cpus` / `memory`: `N` exactly, `N+` at least. Without cpus, memory, accelerators or instance_type, the
   default is SkyPilot's: 8+ vCPUs and 4 GiB per vCPU, from the cloud's general-purpose families.
 - `instance_type`, `use_spot` (the spot price; zones without one are out), `infra` / `cloud` / `region` /
@@ -115,7 +116,7 @@ def plan(resources: Resources, num_nodes: int, clouds: Sequence[str] | None = No
                     break
     if not choices:
         raise SpecError(_no_fit_message(candidates, clouds, num_nodes))
-    ordered = bool(resources.ordered)
+    ordered = bool(resources.ordered) or resources.accelerators_ordered
     choices.sort(key=lambda c: ((c.candidate if ordered else 0), c.cost, c.offering.cloud, c.offering.zone))
     return choices
 

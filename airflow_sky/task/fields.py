@@ -130,11 +130,15 @@ def _idle_minutes(value: Any, ctx: SpecContext, path: Sequence[PathPart]) -> int
     return int(match["num"]) * _MINUTES_PER[match["unit"]]
 
 
-def format_accelerators(accelerators: dict[str, Count]) -> str | dict[str, Count]:
-    """The YAML form: 'L4:4' for one candidate, {L4: 4, A100: 8} for several."""
+def format_accelerators(
+    accelerators: dict[str, Count], ordered: bool = False
+) -> str | dict[str, Count] | list[str]:
+    """The YAML form: 'L4:4' for one candidate, {L4: 4, A100: 8} for a set, ['L4:4', 'A100:8'] in order."""
     if len(accelerators) == 1:
         ((name, count),) = accelerators.items()
         return f"{name}:{count}"
+    if ordered:
+        return [f"{name}:{count}" for name, count in accelerators.items()]
     return dict(accelerators)
 
 

@@ -86,6 +86,7 @@ class Resources:
     cpus: str | None
     memory: str | None
     accelerators: dict[str, Count] | None
+    accelerators_ordered: bool  # given as a list: try the candidates in that order
     instance_type: str | None
     use_spot: bool | None
     disk_size: int | None
@@ -156,6 +157,8 @@ class Resources:
             None if memory is None else fields.parse_amount(memory, ctx, [*path, "memory"], memory=True)
         )
         accelerators = config.get("accelerators")
+        # SkyPilot: a list of candidates is a preference order; a mapping or set, any (the cheapest).
+        self.accelerators_ordered = isinstance(accelerators, list | tuple) and len(accelerators) > 1
         self.accelerators = (
             None
             if accelerators is None
@@ -207,7 +210,9 @@ class Resources:
             "infra": fields.format_infra(self.cloud, self.region, self.zone),
             "cpus": self.cpus,
             "memory": self.memory,
-            "accelerators": fields.format_accelerators(self.accelerators) if self.accelerators else None,
+            "accelerators": fields.format_accelerators(self.accelerators, self.accelerators_ordered)
+            if self.accelerators
+            else None,
             "instance_type": self.instance_type,
             "use_spot": self.use_spot,
             "disk_size": self.disk_size,
@@ -277,6 +282,8 @@ class Resources:
     def _merged(self, alternative: Resources) -> Resources:
         merged = self._bare()
         for key, value in vars(alternative).items():
+            if key == "accelerators_ordered" and alternative.accelerators is None:
+                continue  # the order belongs to the accelerators it came with
             if value is not None and key not in ("any_of", "ordered"):
                 setattr(merged, key, copy.deepcopy(value))
         if alternative.cloud is not None:  # a cloud in the alternative replaces the whole placement

@@ -78,6 +78,10 @@ def test_a_candidate_set_takes_the_cheapest_and_an_ordered_list_its_first_that_f
     assert instance == "a2-highgpu-8g"  # A100:8 is cheaper than H100:8
     ordered = Resources(ordered=[{"accelerators": "H100:8"}, {"accelerators": "A100:8"}])
     assert _best(ordered)[0] == "a3-highgpu-8g"  # first in order, though dearer
+    listed = Resources(accelerators=["H100:8", "A100:8"])  # a list is an order, as in SkyPilot
+    assert _best(listed)[0] == "a3-highgpu-8g"
+    assert listed.to_dict()["accelerators"] == ["H100:8", "A100:8"]
+    assert Resources.from_dict(listed.to_dict()).accelerators_ordered
     any_of = Resources(any_of=[{"accelerators": "H100:8"}, {"accelerators": "A100:8", "infra": "aws"}])
     assert _best(any_of)[0] == "p4d.24xlarge"  # the cheaper of the two alternatives
 
