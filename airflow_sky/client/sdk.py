@@ -117,6 +117,7 @@ def _preflight(task: Task, options: LaunchOptions, task_file: str) -> None:
     from airflow_sky.infra.registry import get_cloud
 
     get_cloud(options.infra).check_config()
+    cluster_of(options.cluster_name, options.infra).autostop_for(task.resources)  # an infra without autostop
     if options.must_exist:
         nodes = cluster_of(options.cluster_name, options.infra).nodes()
         check_exec_nodes(options.cluster_name, options.infra, nodes, task.num_nodes, task_file)

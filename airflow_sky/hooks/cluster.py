@@ -59,6 +59,10 @@ class SkyClusterHook(BaseHook):
             task.num_nodes, task.resources, job_name=task.name, retry_until_up=retry_until_up
         )
 
+    def check_autostop(self, task: Task) -> None:
+        """Refuse resources.autostop on an infra whose nodes cannot stop themselves (before provisioning)."""
+        self.cluster.autostop_for(task.resources)
+
     def arm_autostop(self, task: Task, nodes: list[Node]) -> None:
         """Arm every node's autostop watcher (resources.autostop); nothing without it."""
         autostop = self.cluster.arm_autostop(nodes, task.resources)

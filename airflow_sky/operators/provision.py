@@ -51,6 +51,7 @@ class SkyProvisionOperator(SkyBaseOperator):
         run_id = context["run_id"]
         name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id))
         hook = SkyClusterHook(name, self.infra, self.conn_id)
+        hook.check_autostop(self.sky_task)
         current = hook.nodes()
         existed = bool(current)
         if self.must_exist:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
+from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import NodeStatus, ProvisionRequest
 from airflow_sky.infra.local import daemon
 from airflow_sky.infra.local.cloud import LocalCloud
@@ -83,3 +86,16 @@ def test_autostop_false_disarms_a_node(local_cluster) -> None:
         client.exec(arm_command(autostop))
         client.exec(disarm_command())
         _wait_for(lambda: client.exec(status_command())[1].split() == [b"-", b"0"], 5, "the watcher exits")
+
+
+def test_an_ssh_pool_refuses_autostop_before_anything_is_locked() -> None:
+    from airflow_sky.infra.cluster import Cluster
+    from airflow_sky.infra.ssh.cloud import SshCloud
+    from airflow_sky.task import Resources
+
+    cluster = Cluster("c", "ssh/box", SshCloud("box"))  # the pool is never read: nothing connects
+    assert cluster.autostop_for(Resources()) is None
+    with pytest.raises(
+        ClusterError, match=r"resources\.autostop: the ssh infra has no way for a node to stop"
+    ):
+        cluster.autostop_for(Resources(autostop="10m"))
