@@ -26,10 +26,9 @@ from airflow_sky.node.paths import JOBS_DIR
 
 AUTOSTOP_DIR = ".airflow_sky/autostop"
 ACTIVITY_PATH = ".airflow_sky/activity"
-# Appended to the commands Airflow sends: each one is a sign of life from the orchestrator.
-TOUCH_ACTIVITY = (
-    f'mkdir -p "$HOME/.airflow_sky" 2>/dev/null; touch "$HOME/{ACTIVITY_PATH}" 2>/dev/null || true'
-)
+# In the commands Airflow sends: each one is a sign of life from the orchestrator. One fork per command:
+# ~/.airflow_sky exists wherever a job was started (a poll without it has no job to poll).
+TOUCH_ACTIVITY = f'touch "$HOME/{ACTIVITY_PATH}" 2>/dev/null || true'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +87,7 @@ echo {int(autostop.idle_s)} > "$dir/idle_s"
 echo {shlex.quote(autostop.wait_for)} > "$dir/wait_for"
 echo {float(autostop.check_s):g} > "$dir/check_s"
 echo {math.ceil(2 * autostop.check_s)} > "$dir/floor_s"
-touch "$dir/since"
-{TOUCH_ACTIVITY}
+touch "$dir/since" "$HOME/{ACTIVITY_PATH}"
 cat > "$dir/watch.sh" <<'AIRFLOW_SKY_WATCH'
 {watch_script()}AIRFLOW_SKY_WATCH
 pid=$(cat "$dir/watcher.pid" 2>/dev/null || true)

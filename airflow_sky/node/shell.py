@@ -72,8 +72,8 @@ def start_command(job_id: str, generation: int) -> str:
 set -eu
 umask 077
 d={d}
-{TOUCH_ACTIVITY}
 mkdir -p "$d"
+{TOUCH_ACTIVITY}
 if ( set -C; : > "$d/claimed" ) 2>/dev/null; then
   tar -xf - -C "$d"
   echo {int(generation)} > "$d/../generation"

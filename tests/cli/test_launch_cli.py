@@ -171,12 +171,19 @@ def test_nothing_of_the_launchers_environment_reaches_a_node_and_the_secret_is_m
 
 def test_unknown_infra_and_an_exec_that_needs_more_nodes_are_refused_before_any_work(cli_env, tmp_path: Path):
     (tmp_path / "one.yaml").write_text("name: one\nrun: echo one\n")
-    for infra in ("locl", "aws"):
+    # No AWS credentials anywhere (the connection, the environment, ~/.aws, an instance role).
+    no_aws = {k: v for k, v in cli_env.items() if not k.startswith(("AWS_", "AIRFLOW_CONN_AWS"))}
+    no_aws.update(
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    for infra, reason in (("locl", "unsupported cloud"), ("aws", "aws: no AWS credentials")):
         refused = _cli(
-            cli_env, "launch", "-c", "cli-noinfra", str(tmp_path / "one.yaml"), "--infra", infra, "-y"
+            no_aws, "launch", "-c", "cli-noinfra", str(tmp_path / "one.yaml"), "--infra", infra, "-y"
         )
         assert refused.returncode != 0 and "Provisioning" not in refused.stdout
-        assert "unsupported cloud" in refused.stdout + refused.stderr
+        assert reason in refused.stdout + refused.stderr
     missing = _cli(cli_env, "exec", "cli-nowhere", str(tmp_path / "one.yaml"))
     assert missing.returncode == 1 and "Provisioning" not in missing.stdout
 

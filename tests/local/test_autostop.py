@@ -76,7 +76,7 @@ def test_even_a_zero_limit_waits_two_rounds_so_gaps_between_a_dags_tasks_never_s
     armed = time.monotonic()
     _wait_for(lambda: _status(cluster) == [NodeStatus.STOPPED], 20, "the idle node stops")
     assert time.monotonic() - armed >= 2.0
-    assert daemon.processes_with_marker(cluster) == []
+    _wait_for(lambda: daemon.processes_with_marker(cluster) == [], 5, "the node's processes end")
 
 
 def test_autostop_false_disarms_a_node(local_cluster) -> None:

@@ -149,6 +149,14 @@ class AwsCloud(Cloud):
         return self._settings
 
     def check_config(self) -> None:
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+        # Credentials resolve locally (connection, environment, profile, instance role) or not at all.
+        if AwsBaseHook(aws_conn_id=self.conn_id, client_type="ec2").get_session().get_credentials() is None:
+            raise SpecError(
+                f"aws: no AWS credentials: the Airflow connection {self.conn_id!r} has none and none were "
+                "found in the environment, ~/.aws or an instance role (see docs/infra-aws.md)"
+            )
         public_key_of(self.settings.ssh_key_file)  # the key parses: its public half is what EC2 imports
 
     # ---- where a cluster lives -----------------------------------------------------------------------
