@@ -178,8 +178,13 @@ def _run(task: Task, options: Any, task_file: str) -> int:
         return 0 if outcome.state == "success" else 1
     print_summary(console, outcome, started_at)
     if not options.down and outcome.job_id is not None:
+        autostop = task.resources.autostop
+        when = ""
+        if isinstance(autostop, dict):
+            verb = "end" if autostop["down"] else "stop"
+            when = f"; its nodes {verb} themselves after {autostop['idle_minutes']} idle minute(s)"
         console.print(
-            f"Cluster {outcome.cluster_name} is kept. Stop it with: airflow-sky down {outcome.cluster_name}"
+            f"Cluster {outcome.cluster_name} is kept{when}. Down now with: airflow-sky down {outcome.cluster_name}"
         )
     return 0 if outcome.succeeded else 1
 
