@@ -28,7 +28,7 @@ typecheck:
 ## The slowest files are named first so that they start first (pytest skips the paths it collected already).
 SLOW_TESTS := tests/scheduler/test_deferral_race.py tests/scheduler/test_real_scheduler.py \
 	tests/cli/test_jobs_cli.py tests/cli/test_launch_cli.py tests/dags/test_recovery.py \
-	tests/ssh/test_ssh_jobs.py tests/cli/test_autostop_cli.py tests/aws/test_aws_jobs.py
+	tests/ssh/test_ssh_jobs.py tests/cli/test_autostop_cli.py tests/aws/test_aws_jobs.py tests/gcp/test_gcp_jobs.py
 unit:
 	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(SLOW_TESTS) tests
 

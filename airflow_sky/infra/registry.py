@@ -14,9 +14,10 @@ _DRIVERS: dict[str, tuple[str, str, str | None]] = {
     "local": ("airflow_sky.infra.local.cloud", "LocalCloud", None),
     "ssh": ("airflow_sky.infra.ssh.cloud", "SshCloud", None),
     "aws": ("airflow_sky.infra.aws.cloud", "AwsCloud", "aws"),
+    "gcp": ("airflow_sky.infra.gcp.cloud", "GcpCloud", "gcp"),
 }
 # Infras whose `<cloud>/<location>` names something the driver needs (the pool), and the argument it goes in.
-_LOCATION_ARGUMENT = {"ssh": "pool", "aws": "location"}
+_LOCATION_ARGUMENT = {"ssh": "pool", "aws": "location", "gcp": "location"}
 _LOCATION_REQUIRED = {"ssh"}
 # Infras that need no credentials, so take no Airflow connection.
 _NO_CONNECTION = {"local"}

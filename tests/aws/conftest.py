@@ -1,7 +1,7 @@
 """Fixtures for the aws infra: moto in server mode on loopback, and local nodes that play the instances.
 
 moto plays EC2, SSM and DynamoDB over real HTTP (the amazon provider's hooks talk to it through the
-connection's endpoint_url). Its instances are not machines: tests/aws/resolver.py maps each instance id to a
+connection's endpoint_url). Its instances are not machines: tests/play_nodes.py maps each instance id to a
 local node (a real SSH server) so that jobs run; nothing ever connects to an address moto returns.
 """
 
@@ -12,7 +12,6 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -20,10 +19,8 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from airflow_sky.infra.aws.cloud import ENDPOINT_RESOLVER_ENV
-from airflow_sky.infra.base import ProvisionRequest
-from airflow_sky.infra.local.cloud import LocalCloud
-from tests.aws.resolver import PLAY_ENV
 from tests.envs import patched_environ
+from tests.play_nodes import play_cluster
 from tests.ports import free_port
 
 REGION = "us-east-1"
@@ -66,38 +63,28 @@ def play(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     The connection carries moto's endpoint and, as its SSH key, the play cluster's key: the key pair EC2
     imports is that key's public half, and the play nodes accept it, as instances launched with it would.
     """
-    size = 6
-    cloud = LocalCloud()
-    name = f"awsplay-{uuid.uuid4().hex[:6]}"
-    nodes = cloud.provision(ProvisionRequest(cluster_name=name, num_nodes=size))
-    directory = tmp_path_factory.mktemp("aws-play")
-    play_file = directory / "play.json"
-    play_file.write_text(json.dumps({"nodes": [n.to_dict() for n in nodes], "assigned": {}}))
-    conn = {
-        "conn_type": "aws",
-        "login": "testing",
-        "password": "testing",
-        "extra": {
-            "region_name": REGION,
-            "endpoint_url": moto_endpoint,
-            "airflow_sky": {
-                "ssh_key_file": cloud.ssh_private_key(name),
-                "ssh_cidr": "10.0.0.0/8",
-                "state_table": f"sky-state-{uuid.uuid4().hex[:6]}",
-                "regions": [REGION],
+    with play_cluster(tmp_path_factory.mktemp("aws-play"), "awsplay") as play:
+        conn = {
+            "conn_type": "aws",
+            "login": "testing",
+            "password": "testing",
+            "extra": {
+                "region_name": REGION,
+                "endpoint_url": moto_endpoint,
+                "airflow_sky": {
+                    "ssh_key_file": play["key"],
+                    "ssh_cidr": "10.0.0.0/8",
+                    "state_table": f"sky-state-{uuid.uuid4().hex[:6]}",
+                    "regions": [REGION],
+                },
             },
-        },
-    }
-    env = {
-        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn),
-        ENDPOINT_RESOLVER_ENV: "tests.aws.resolver:resolve",
-        PLAY_ENV: str(play_file),
-    }
-    try:
+        }
+        env = {
+            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn),
+            ENDPOINT_RESOLVER_ENV: "tests.play_nodes:resolve",
+        }
         with patched_environ(env):
-            yield {"cluster": name, "nodes": nodes, "file": play_file, "cloud": cloud, "conn": conn}
-    finally:
-        cloud.terminate(name)
+            yield play | {"conn": conn}
 
 
 def live_instances(endpoint: str, cluster: str, region: str = REGION) -> list[str]:
@@ -111,7 +98,3 @@ def live_instances(endpoint: str, cluster: str, region: str = REGION) -> list[st
             if i["State"]["Name"] not in ("shutting-down", "terminated"):
                 found.append(i["InstanceId"])
     return found
-
-
-def play_path() -> Path:
-    return Path(os.environ[PLAY_ENV])

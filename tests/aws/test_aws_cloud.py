@@ -1,6 +1,6 @@
 """AwsCloud on moto (server mode): tags as the only state, idempotent launches, spot, failover, cleanup.
 
-moto plays EC2/SSM/DynamoDB; local nodes play the instances (tests/aws/resolver.py, test-only). moto cannot
+moto plays EC2/SSM/DynamoDB; local nodes play the instances (tests/play_nodes.py, test-only). moto cannot
 answer a launch with a capacity error, so those answers come from botocore's Stubber, on run_instances only.
 """
 
@@ -14,11 +14,12 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from airflow_sky.errors import ClusterError, SpecError
-from airflow_sky.infra.aws import cloud as aws_cloud
+from airflow_sky.infra import provisioning
 from airflow_sky.infra.aws import instances
 from airflow_sky.infra.aws.cloud import AwsCloud
 from airflow_sky.infra.aws.settings import settings_from_extra
 from airflow_sky.infra.base import NodeStatus, ProvisionRequest
+from airflow_sky.infra.host_keys import host_key_from_console
 from airflow_sky.task import Resources
 from tests.aws.conftest import REGION, boto, live_instances, moto_image
 from tests.aws.test_aws_contract import MotoAwsCloud, published_image  # noqa: F401 - module fixture
@@ -218,7 +219,7 @@ def test_no_capacity_anywhere_fails_naming_the_zones_and_leaves_nothing(
 def test_retry_until_up_goes_round_again_after_a_backoff(
     moto_endpoint: str, cluster: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(aws_cloud, "_RETRY_BACKOFF_S", (0.01, 0.02))
+    monkeypatch.setattr(provisioning, "RETRY_BACKOFF_S", (0.01, 0.02))
     cloud = MotoAwsCloud(REGION)
     order = cloud.plan(ProvisionRequest(cluster, 1, M6I))
     names = [cloud.zone_name(REGION, p.zone) for p in order]
@@ -282,11 +283,11 @@ ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ== root@ip-10-0-0-1
 
 
 def test_the_host_key_is_read_from_cloud_inits_console_block_ed25519_first() -> None:
-    assert instances.host_key_from_console(CONSOLE) == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZha2U="
-    assert instances.host_key_from_console(CONSOLE.replace("ssh-ed25519", "x-none")) == (
+    assert host_key_from_console(CONSOLE) == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGZha2U="
+    assert host_key_from_console(CONSOLE.replace("ssh-ed25519", "x-none")) == (
         "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTY="
     )
-    assert instances.host_key_from_console("[ 1.0] booting") is None
+    assert host_key_from_console("[ 1.0] booting") is None
 
 
 def test_a_rank_is_read_from_the_launch_when_its_own_tag_was_never_written() -> None:

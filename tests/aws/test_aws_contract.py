@@ -1,5 +1,5 @@
 """The Cloud contract run against the aws infra: moto (server mode) plays EC2, SSM and DynamoDB; local
-nodes play the instances (tests/aws/resolver.py, test-only)."""
+nodes play the instances (tests/play_nodes.py, test-only)."""
 
 from __future__ import annotations
 

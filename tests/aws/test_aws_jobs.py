@@ -1,7 +1,7 @@
 """A whole sky_job on the aws infra, through real Airflow (`airflow dags test`).
 
 moto (server mode) plays EC2, SSM and DynamoDB; local nodes play the instances it launches (the test-only
-resolver in tests/aws/resolver.py maps instance ids to them). A spot interruption is what AWS would do:
+resolver in tests/play_nodes.py maps instance ids to them). A spot interruption is what AWS would do:
 the instance is terminated in EC2 and the machine playing it dies with it.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 from airflow_sky.infra.aws.cloud import ENDPOINT_RESOLVER_ENV
 from airflow_sky.infra.local.cloud import LocalCloud
 from tests.aws.conftest import REGION, boto, live_instances
-from tests.aws.resolver import PLAY_ENV, play_node_index
 from tests.aws.test_aws_contract import TEST_IMAGE_PARAMETER, published_image  # noqa: F401 - fixture
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
+from tests.play_nodes import PLAY_ENV, play_node_index
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,26 +24,33 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from airflow_sky.errors import ClusterError, RemoteError, SpecError
+from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra import catalog, optimizer
 from airflow_sky.infra.aws import instances, network
 from airflow_sky.infra.aws.instances import Member
-from airflow_sky.infra.aws.settings import DEFAULT_CONN_ID, AwsSettings, public_key_of, settings_from_extra
+from airflow_sky.infra.aws.settings import DEFAULT_CONN_ID, AwsSettings, settings_from_extra
 from airflow_sky.infra.aws.state_store import DynamoDbStateStore, cluster_names
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.host_keys import host_key_from_console
+from airflow_sky.infra.keys import public_key_of
+from airflow_sky.infra.provisioning import (
+    NoCapacity,
+    image_for,
+    launch_with_failover,
+    resolver_from_env,
+    update_record,
+    wait_for_ssh,
+)
 from airflow_sky.infra.state_store import StateStore
-from airflow_sky.node.client import NodeClient
 from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
@@ -53,7 +60,6 @@ DEFAULT_DISK_SIZE_GB = 256  # SkyPilot's default disk_size
 # For emulators only (moto plays EC2 but its instances are not machines): "module:function" taking
 # (instance_id) and returning {"host", "port", "user", "internal_ip", "host_key"} of a machine that plays it.
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_AWS_ENDPOINT_RESOLVER"
-_RETRY_BACKOFF_S = (30.0, 600.0)  # first wait and cap between rounds of --retry-until-up
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,24 +83,6 @@ class Placement:
         return f"{self.zone} {self.instance_type}{' (spot)' if self.use_spot else ''}"
 
 
-class NoCapacity(ClusterError):
-    """EC2 has no room for the launch in this placement (or the account's quota is reached there)."""
-
-    def __init__(self, placement: Placement, code: str, message: str) -> None:
-        super().__init__(f"{placement.label}: {code}: {message}")
-        self.placement = placement
-        self.code = code
-
-
-def _resolver_from_env() -> Callable[[str], dict[str, Any]] | None:
-    spec = os.environ.get(ENDPOINT_RESOLVER_ENV)
-    if not spec:
-        return None
-    module, _, function = spec.partition(":")
-    resolver: Callable[[str], dict[str, Any]] = getattr(importlib.import_module(module), function)
-    return resolver
-
-
 class AwsCloud(Cloud):
     name = "aws"
     # Where the default image of each architecture is published (SSM parameters, one value per region).
@@ -111,7 +99,7 @@ class AwsCloud(Cloud):
         self._clients: dict[tuple[str, str], Any] = {}
         self._zone_ids: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
-        self._resolver = _resolver_from_env()
+        self._resolver = resolver_from_env(ENDPOINT_RESOLVER_ENV)
         self.running_timeout_s = 600.0
         self.console_timeout_s = 300.0
         self.ssh_timeout_s = 600.0
@@ -180,17 +168,11 @@ class AwsCloud(Cloud):
         return {k: record.data.get(k) for k in ("image", "disk_size", "shutdown")} if record else {}
 
     def _record_placement(self, cluster_name: str, placement: Placement, image: str, disk_size: int) -> None:
-        store = self._store(cluster_name)
-        for _ in range(5):
-            current = store.get(PLACEMENT_KEY)
-            # Merged: what autostop recorded (the shutdown behavior) stays for the nodes launched later.
-            data = (current.data if current else {}) | dataclasses.asdict(placement)
-            data |= {"image": image, "disk_size": disk_size}
-            if current is not None and current.data == data:
-                return
-            if store.put(PLACEMENT_KEY, data, current.version if current else None):
-                return
-        raise ClusterError(f"aws: could not record where cluster {cluster_name!r} lives (concurrent writers)")
+        # Merged: what autostop recorded (the shutdown behavior) stays for the nodes launched later.
+        changes = dataclasses.asdict(placement) | {"image": image, "disk_size": disk_size}
+        update_record(
+            self._store(cluster_name), PLACEMENT_KEY, changes, f"where cluster {cluster_name!r} lives"
+        )
 
     def _region_of(self, cluster_name: str) -> str | None:
         if self.region:
@@ -354,24 +336,13 @@ class AwsCloud(Cloud):
         known: list[str],
     ) -> list[str]:
         """Launch `ranks` in the first placement with room; with retry_until_up, keep going round."""
-        backoff = _RETRY_BACKOFF_S[0]
-        while True:
-            failures: list[str] = []
-            for placement in placements:
-                try:
-                    return self._launch(cluster, ranks, placement, request, known)
-                except NoCapacity as e:
-                    log.warning("aws: no capacity for %s: %s; trying the next placement", cluster, e)
-                    failures.append(str(e))
-            if not request.retry_until_up:
-                raise ClusterError(
-                    f"aws: no capacity for cluster {cluster!r} in any of {len(placements)} placement(s) "
-                    f"(retry with --retry-until-up to keep trying): {'; '.join(failures[:5])}"
-                    + (f"; and {len(failures) - 5} more" if len(failures) > 5 else "")
-                )
-            log.warning("aws: no capacity anywhere for %s; trying again in %.0f s", cluster, backoff)
-            time.sleep(backoff)
-            backoff = min(backoff * 2, _RETRY_BACKOFF_S[1])
+        return launch_with_failover(
+            self.name,
+            cluster,
+            placements,
+            lambda placement: self._launch(cluster, ranks, placement, request, known),
+            request.retry_until_up,
+        )
 
     def _forget_if_empty(self, cluster: str) -> None:
         if not self.nodes(cluster):
@@ -397,7 +368,7 @@ class AwsCloud(Cloud):
         image, root_device = network.resolve_image(
             ec2,
             self._client("ssm", region),
-            _image_for(resources, region),
+            image_for(resources, region, "aws", "an AMI id (ami-...) or resolve:ssm:<parameter>"),
             placement.instance_type,
             region,
             self.image_parameters,
@@ -587,7 +558,7 @@ class AwsCloud(Cloud):
                 )
             except ClientError:
                 output = ""
-            key = instances.host_key_from_console(output)
+            key = host_key_from_console(output)
             if key:
                 return key, "console"
             time.sleep(max(self.poll_s, 10.0))
@@ -636,20 +607,7 @@ class AwsCloud(Cloud):
         raise ClusterError(f"aws: {member.instance_id} at {endpoint.host} never answered SSH: {last}")
 
     def _wait_ssh(self, nodes: list[Node]) -> None:
-        deadline = time.monotonic() + self.ssh_timeout_s
-        for node in nodes:
-            while True:
-                try:
-                    with NodeClient(node, self.settings.ssh_key_file, conn_retry_attempts=1) as client:
-                        client.exec("true")
-                    break
-                except (RemoteError, OSError) as e:
-                    if time.monotonic() > deadline:
-                        raise ClusterError(
-                            f"aws: {node.instance_id} (rank {node.rank}) at {node.ssh_host} does not answer SSH "
-                            f"after {self.ssh_timeout_s:.0f} s: {e}"
-                        ) from e
-                    time.sleep(self.poll_s)
+        wait_for_ssh(self.name, nodes, self.settings.ssh_key_file, self.ssh_timeout_s, self.poll_s)
 
     # ---- replacing and ending ------------------------------------------------------------------------
 
@@ -721,13 +679,9 @@ class AwsCloud(Cloud):
         self._record_shutdown(cluster_name, behavior)
 
     def _record_shutdown(self, cluster_name: str, behavior: str) -> None:
-        store = self._store(cluster_name)
-        for _ in range(5):
-            current = store.get(PLACEMENT_KEY)
-            if current is None or current.data.get("shutdown") == behavior:
-                return
-            if store.put(PLACEMENT_KEY, current.data | {"shutdown": behavior}, current.version):
-                return
+        update_record(
+            self._store(cluster_name), PLACEMENT_KEY, {"shutdown": behavior}, "the autostop behavior"
+        )
 
     def _end(self, region: str, ids: list[str]) -> None:
         """Mark instances as ended by airflow-sky, then terminate them (the mark keeps them off `nodes`)."""
@@ -792,21 +746,3 @@ def _shutdown_behavior(resources: Resources, placement: Placement, recorded: str
 
 def _disk_size(resources: Resources) -> int:
     return int(resources.disk_size or DEFAULT_DISK_SIZE_GB)
-
-
-def _image_for(resources: Resources, region: str) -> str | None:
-    """`image_id` for this region: a string for all regions, or a mapping region -> image."""
-    image = resources.image_id
-    if isinstance(image, dict):
-        chosen = image.get(region)
-        if chosen is None:
-            raise SpecError(
-                f"resources.image_id: no image for region {region} (the mapping has {', '.join(sorted(image))})"
-            )
-        image = str(chosen)
-    if image is not None and image.startswith("docker:"):
-        raise SpecError(
-            f"resources.image_id: {image}: container images are not supported on aws; give an AMI id "
-            "(ami-...) or resolve:ssm:<parameter>, or leave image_id out for the deep-learning image"
-        )
-    return image

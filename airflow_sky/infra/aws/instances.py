@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -147,27 +146,6 @@ def launch_token(cluster: str, ranks: Sequence[int], placement: str, known: Iter
     text = "|".join([cluster, format_ranks(ranks), placement, ",".join(sorted(known)), salt])
     digest = hashlib.sha256(text.encode()).hexdigest()[:24]
     return f"sky-{digest}"  # ClientToken allows 64 ASCII characters
-
-
-_HOST_KEYS_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
-_PREFERRED_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256")
-
-
-def host_key_from_console(console: str) -> str | None:
-    """The host key cloud-init prints to the serial console (`<type> <base64>`), ed25519 first.
-
-    cloud-init writes the block between fixed markers on first boot; each line is `<type> <base64> <comment>`.
-    A key longer than a tag value allows (RSA) is not used: ed25519 and ECDSA fit.
-    """
-    match = _HOST_KEYS_BLOCK.search(console or "")
-    if not match:
-        return None
-    keys: dict[str, str] = {}
-    for line in match.group(1).splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and fields[0] in _PREFERRED_KEY_TYPES:
-            keys[fields[0]] = f"{fields[0]} {fields[1]}"
-    return next((keys[t] for t in _PREFERRED_KEY_TYPES if t in keys), None)
 
 
 def error_code(error: Exception) -> str:

@@ -1,0 +1,90 @@
+"""What the gcp infra reads from its Airflow connection (type `google_cloud_platform`, default
+`google_cloud_default`).
+
+The google provider's own fields carry the credentials and the project (key file, key JSON, ADC,
+impersonation). airflow-sky's settings sit in the extra under `airflow_sky`:
+
+    {"project": "my-project",
+     "airflow_sky": {
+        "ssh_private_key": "-----BEGIN OPENSSH PRIVATE KEY-----...",   # or "ssh_key_file": "~/.ssh/sky"
+        "ssh_user": "gcpuser",                # the user the key is installed for (instance metadata)
+        "ssh_cidr": "203.0.113.0/24",         # who may reach port 22 (default 0.0.0.0/0)
+        "network": "default",                 # the VPC network the nodes join
+        "state_bucket": "my-sky-state",       # GCS bucket of the job records (default <project>-airflow-sky-state)
+        "state_location": "US",               # where that bucket is created when missing
+        "use_private_ip": false,              # SSH to private addresses (Airflow inside the VPC)
+        "regions": ["us-central1"],           # the regions the optimizer may use (default: all)
+        "project": "my-project"               # overrides the connection's project
+     }}
+
+Emulators and private endpoints: `compute_endpoint` and `storage_endpoint` replace the APIs' addresses,
+and `anonymous_credentials: true` (only with http:// endpoints on this machine) sends no credentials.
+`ssh_private_key` is a secret: Airflow masks extras with `private_key` in their name; it becomes a 0600
+file of this process for SSH to read, never logged and never on a command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from airflow_sky.errors import SpecError
+from airflow_sky.infra.keys import sky_settings, ssh_key_of
+
+DEFAULT_CONN_ID = "google_cloud_default"
+_STRINGS = (
+    "ssh_key_file",
+    "ssh_user",
+    "ssh_cidr",
+    "network",
+    "state_bucket",
+    "state_location",
+    "project",
+    "compute_endpoint",
+    "storage_endpoint",
+)
+_FIELDS = (*_STRINGS, "ssh_private_key", "use_private_ip", "regions", "anonymous_credentials")
+
+
+@dataclasses.dataclass(frozen=True)
+class GcpSettings:
+    conn_id: str
+    project: str
+    ssh_key_file: str
+    ssh_user: str = "gcpuser"
+    ssh_cidr: str = "0.0.0.0/0"
+    network: str = "default"
+    state_bucket: str = ""
+    state_location: str = "US"
+    use_private_ip: bool = False
+    regions: tuple[str, ...] | None = None
+    compute_endpoint: str | None = None
+    storage_endpoint: str | None = None
+    anonymous_credentials: bool = False
+
+
+def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_project: str | None) -> GcpSettings:
+    """The connection's `airflow_sky` settings, validated; every error names the connection and field."""
+    raw, source = sky_settings(conn_id, extra, _FIELDS, _STRINGS, ("use_private_ip", "anonymous_credentials"))
+    if raw.get("anonymous_credentials"):
+        for name in ("compute_endpoint", "storage_endpoint"):
+            if not str(raw.get(name, "")).startswith(("http://127.", "http://localhost")):
+                raise SpecError(
+                    f"{source}.anonymous_credentials: only for emulators: {name} must be an http:// "
+                    "address on this machine"
+                )
+    project = raw.get("project") or conn_project
+    if not project:
+        raise SpecError(f"{source}: no project: set the connection's project (or airflow_sky.project)")
+    regions = raw.get("regions")
+    kept = ("ssh_user", "ssh_cidr", "network", "state_location", "use_private_ip")
+    endpoints = ("compute_endpoint", "storage_endpoint", "anonymous_credentials")
+    values: dict[str, Any] = {k: raw[k] for k in (*kept, *endpoints) if k in raw}
+    return GcpSettings(
+        conn_id=conn_id,
+        project=project,
+        ssh_key_file=ssh_key_of(f"gcp-{conn_id}", raw, source),
+        state_bucket=raw.get("state_bucket") or f"{project}-airflow-sky-state",
+        regions=tuple(regions) if regions else None,
+        **values,
+    )

@@ -1,0 +1,71 @@
+"""Test-only: which local node plays which cloud machine that an emulator "created".
+
+moto (EC2) and the fake GCE API answer the cloud APIs, but their instances are not machines (their IPs lead
+nowhere, and the tests never connect to them). So a module's tests bring up a local cluster of *play nodes*
+(real SSH servers of the embedded local infra), and the cloud driver, through its endpoint resolver variable
+(AIRFLOW_SKY_AWS_ENDPOINT_RESOLVER, AIRFLOW_SKY_GCP_ENDPOINT_RESOLVER), asks this module where an instance
+is: each new instance id gets the next play node, round robin, recorded in a file so that the Airflow
+processes a test starts resolve the same way. The host key returned is the play node's own, standing in for
+the key the cloud publishes at boot (console, guest attributes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+PLAY_ENV = "AIRFLOW_SKY_TEST_AWS_PLAY"  # a JSON file: {"nodes": [Node dicts], "assigned": {id: index}}
+
+
+def resolve(instance_id: str) -> dict[str, Any]:
+    path = Path(os.environ[PLAY_ENV])
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        play = json.loads(path.read_text())
+        assigned: dict[str, int] = play.setdefault("assigned", {})
+        if instance_id not in assigned:
+            assigned[instance_id] = len(assigned) % len(play["nodes"])
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(play))
+            os.replace(tmp, path)
+    node = play["nodes"][assigned[instance_id]]
+    return {
+        "host": node["ssh_host"],
+        "port": node["ssh_port"],
+        "user": node["ssh_user"],
+        "internal_ip": node["internal_ip"],
+        "host_key": node["host_key"],
+    }
+
+
+def play_node_index(instance_id: str) -> int:
+    return int(json.loads(Path(os.environ[PLAY_ENV]).read_text())["assigned"][instance_id])
+
+
+@contextlib.contextmanager
+def play_cluster(directory: Path, prefix: str, size: int = 6) -> Iterator[dict[str, Any]]:
+    """A local cluster of `size` play nodes and the file the resolver reads (PLAY_ENV is set meanwhile).
+
+    Yields {"cluster", "nodes", "file", "key"}: `key` opens the play nodes, so a cloud connection that
+    carries it as its SSH key makes the emulated machines reachable, as real ones launched with it would be.
+    """
+    from airflow_sky.infra.base import ProvisionRequest
+    from airflow_sky.infra.local.cloud import LocalCloud
+    from tests.envs import patched_environ
+
+    cloud = LocalCloud()
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    nodes = cloud.provision(ProvisionRequest(cluster_name=name, num_nodes=size))
+    play_file = directory / "play.json"
+    play_file.write_text(json.dumps({"nodes": [n.to_dict() for n in nodes], "assigned": {}}))
+    try:
+        with patched_environ({PLAY_ENV: str(play_file)}):
+            yield {"cluster": name, "nodes": nodes, "file": play_file, "key": cloud.ssh_private_key(name)}
+    finally:
+        cloud.terminate(name)
