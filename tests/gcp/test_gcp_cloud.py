@@ -177,3 +177,14 @@ def test_spot_vms_can_only_autodown(cluster: str) -> None:
     cloud.provision(ProvisionRequest(cluster, 1, N2.copy(use_spot=True)))
     with pytest.raises(SpecError, match="spot VMs cannot be stopped"):
         cloud.prepare_autostop(cluster, down=False)
+
+
+def test_connection_settings_errors_name_the_connection_and_field() -> None:
+    from airflow_sky.infra.gcp.settings import settings_from_extra
+
+    with pytest.raises(SpecError, match=r"'g': extra.airflow_sky: unknown field\(s\) netwrok"):
+        settings_from_extra("g", {"airflow_sky": {"netwrok": "x"}}, "p")
+    with pytest.raises(SpecError, match=r"extra.airflow_sky: no project"):
+        settings_from_extra("g", {"airflow_sky": {}}, None)
+    with pytest.raises(SpecError, match=r"anonymous_credentials: only for emulators"):
+        settings_from_extra("g", {"airflow_sky": {"anonymous_credentials": True}}, "p")
