@@ -177,10 +177,27 @@ def test_unknown_infra_and_an_exec_that_needs_more_nodes_are_refused_before_any_
         AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
         AWS_CONFIG_FILE=str(tmp_path / "none"),
         AWS_EC2_METADATA_DISABLED="true",
+        GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "none.json"),
+        NO_GCE_CHECK="True",
     )
-    for infra, reason in (("locl", "unsupported cloud"), ("aws", "aws: no AWS credentials")):
+    no_google = {
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": '{"conn_type": "google_cloud_platform", "extra": {"project": "p"}}'
+    }
+    refusals = (
+        ("locl", "unsupported cloud"),
+        ("aws", "aws: no AWS credentials"),
+        ("gcp", "gcp: no usable Google credentials"),
+    )
+    for infra, reason in refusals:
         refused = _cli(
-            no_aws, "launch", "-c", "cli-noinfra", str(tmp_path / "one.yaml"), "--infra", infra, "-y"
+            no_aws | no_google,
+            "launch",
+            "-c",
+            "cli-noinfra",
+            str(tmp_path / "one.yaml"),
+            "--infra",
+            infra,
+            "-y",
         )
         assert refused.returncode != 0 and "Provisioning" not in refused.stdout
         assert reason in refused.stdout + refused.stderr

@@ -102,8 +102,10 @@ class GcpCloud(Cloud):
     @property
     def settings(self) -> GcpSettings:
         if self._settings is None:
-            hook = self._hook()
-            extras = dict(hook.extras)
+            try:
+                extras = dict(self._hook().extras)
+            except Exception as e:  # Airflow raises its own not-found types, which differ between contexts
+                raise SpecError(f"gcp: Airflow connection {self.conn_id!r} cannot be read: {e}") from e
             project = extras.get("project") or extras.get("extra__google_cloud_platform__project")
             self._settings = settings_from_extra(self.conn_id, extras, project)
         return self._settings
@@ -137,6 +139,12 @@ class GcpCloud(Cloud):
             return self._storage
 
     def check_config(self) -> None:
+        try:
+            self._credentials()
+        except Exception as e:  # google.auth's DefaultCredentialsError, a key file that does not parse, ...
+            raise SpecError(
+                f"gcp: no usable Google credentials for connection {self.conn_id!r}: {e} (see docs/infra-gcp.md)"
+            ) from e
         public_key_of(self.settings.ssh_key_file)
 
     # ---- where a cluster lives -----------------------------------------------------------------------
