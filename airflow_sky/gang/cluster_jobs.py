@@ -33,6 +33,7 @@ class ClusterJobs:
 
     # A job that stays INIT/PENDING this long while `logs` waits for it has no launcher left to start it.
     pending_limit_s: float = 900.0
+    verdict_wait_s: float = 60.0  # after the logs ended, how long `logs` waits for the job's verdict
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -185,6 +186,12 @@ class ClusterJobs:
                 thread.start()
             for thread in threads:
                 thread.join()
+        if follow:
+            # Every node's log ended; the job's verdict follows within a watcher's round (the launcher or
+            # a detached driver writes it): wait for it rather than report a job still RUNNING.
+            deadline = time.monotonic() + self.verdict_wait_s
+            while not self._status(state).is_terminal and time.monotonic() < deadline:
+                time.sleep(0.5)
         return self.record(state.job_id)
 
     def _tail_node(
