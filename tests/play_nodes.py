@@ -15,8 +15,10 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,23 @@ def play_cluster(directory: Path, prefix: str, size: int = 6) -> Iterator[dict[s
             yield {"cluster": name, "nodes": nodes, "file": play_file, "key": cloud.ssh_private_key(name)}
     finally:
         cloud.terminate(name)
+
+
+def lose_when_started(probe: Path, play: dict[str, Any], lose: Callable[[], str]) -> threading.Thread:
+    """Once both ranks wrote their line to `probe`/starts, take rank 1's machine away: `lose()` does what
+    the cloud does (and returns the instance id), then the play node behind it dies with it."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            starts = probe / "starts"
+            if starts.exists() and len(starts.read_text().splitlines()) >= 2:
+                from airflow_sky.infra.local.cloud import LocalCloud
+
+                LocalCloud().preempt(play["cluster"], play_node_index(lose()))
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from airflow_sky.infra.aws.cloud import ENDPOINT_RESOLVER_ENV
-from airflow_sky.infra.local.cloud import LocalCloud
 from tests.aws.conftest import REGION, boto, live_instances
 from tests.aws.test_aws_contract import TEST_IMAGE_PARAMETER, published_image  # noqa: F401 - fixture
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
-from tests.play_nodes import PLAY_ENV, play_node_index
+from tests.play_nodes import PLAY_ENV, lose_when_started
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,24 +34,12 @@ def _rank_instance(endpoint: str, cluster: str, rank: int) -> str | None:
     return None
 
 
-def _interrupt_when_started(
-    endpoint: str, cluster: str, play: dict[str, Any], probe: Path
-) -> threading.Thread:
-    def run() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            starts = probe / "starts"
-            if starts.exists() and len(starts.read_text().splitlines()) >= 2:
-                instance = _rank_instance(endpoint, cluster, 1)
-                assert instance is not None
-                boto("ec2", endpoint).terminate_instances(InstanceIds=[instance])
-                LocalCloud().preempt(play["cluster"], play_node_index(instance))
-                return
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+def _interrupt(endpoint: str, cluster: str) -> str:
+    """A spot interruption as AWS does it: rank 1's instance is terminated."""
+    instance = _rank_instance(endpoint, cluster, 1)
+    assert instance is not None
+    boto("ec2", endpoint).terminate_instances(InstanceIds=[instance])
+    return instance
 
 
 def test_a_spot_job_on_aws_runs_recovers_an_interrupted_rank_and_leaves_no_instance(
@@ -95,7 +80,7 @@ with DAG("aws_spot_job", schedule=None) as dag:
         )
     }
     env["PYTHONPATH"] = str(REPO)  # the resolver lives in the tests package
-    interrupter = _interrupt_when_started(moto_endpoint, cluster, play, tmp_path)
+    interrupter = lose_when_started(tmp_path, play, lambda: _interrupt(moto_endpoint, cluster))
     result = run_dag("aws_spot_job", source, env=env)
     interrupter.join(timeout=1)
     assert result.returncode == 0, result.output[-8000:]

@@ -9,43 +9,29 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from airflow_sky.infra.gcp import vms
 from airflow_sky.infra.gcp.cloud import ENDPOINT_RESOLVER_ENV
-from airflow_sky.infra.local.cloud import LocalCloud
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
 from tests.gcp.conftest import REGION
 from tests.gcp.fake_gce import FakeGce
-from tests.play_nodes import PLAY_ENV, play_node_index
+from tests.play_nodes import PLAY_ENV, lose_when_started
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _preempt_when_started(gce: FakeGce, cluster: str, play: dict[str, Any], probe: Path) -> threading.Thread:
-    def run() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            starts = probe / "starts"
-            if starts.exists() and len(starts.read_text().splitlines()) >= 2:
-                with gce.lock:
-                    name = next(
-                        n
-                        for n, vm in gce.instances.items()
-                        if vm["labels"].get(vms.LABEL_CLUSTER) == cluster
-                        and vm["labels"].get(vms.LABEL_RANK) == "1"
-                    )
-                gce.preempt(name)
-                LocalCloud().preempt(play["cluster"], play_node_index(name))
-                return
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+def _preempt(gce: FakeGce, cluster: str) -> str:
+    """A spot preemption as GCE does it: rank 1's VM is deleted, its preemption operation left behind."""
+    with gce.lock:
+        name = next(
+            n
+            for n, vm in gce.instances.items()
+            if vm["labels"].get(vms.LABEL_CLUSTER) == cluster and vm["labels"].get(vms.LABEL_RANK) == "1"
+        )
+    gce.preempt(name)
+    return name
 
 
 def test_a_spot_job_on_gcp_runs_recovers_a_preempted_rank_and_leaves_no_vm(
@@ -73,7 +59,7 @@ with DAG("gcp_spot_job", schedule=None) as dag:
 """
     env = {k: os.environ[k] for k in ("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT", ENDPOINT_RESOLVER_ENV, PLAY_ENV)}
     env["PYTHONPATH"] = str(REPO)  # the resolver lives in the tests package
-    preempter = _preempt_when_started(gce, cluster, gplay, tmp_path)
+    preempter = lose_when_started(tmp_path, gplay, lambda: _preempt(gce, cluster))
     result = run_dag("gcp_spot_job", source, env=env)
     preempter.join(timeout=1)
     assert result.returncode == 0, result.output[-8000:]
