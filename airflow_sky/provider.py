@@ -23,6 +23,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": "airflow-sky", "python-modules": ["airflow_sky.operators"]}],
         "hooks": [{"integration-name": "airflow-sky", "python-modules": ["airflow_sky.hooks"]}],
         "triggers": [{"integration-name": "airflow-sky", "python-modules": ["airflow_sky.triggers"]}],
+        "extra-links": ["airflow_sky.operators.links.SkyNodeConsoleLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_sky.hooks.ssh_pool.SkySshPoolHook",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything airflow-sky's demo and tests need on a fresh machine:
 # system packages (rsync, OpenSSH client + server, the tools the sshd and namespace tests use), a .venv with the package and its extras, and torch (CPU).
-# Idempotent: a second run only checks.
+# With --tests, also what only the tests use (PostgreSQL, Redis, Chromium). Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${AIRFLOW_SKY_VENV:-.venv}
@@ -18,6 +18,13 @@ command -v ps >/dev/null || need_apt+=(procps)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v mount >/dev/null || need_apt+=(mount)
 command -v useradd >/dev/null || need_apt+=(passwd)
+if [ "${1:-}" = "--tests" ]; then
+  # The deployment tests: PostgreSQL and Redis for a CeleryExecutor stack, Chromium for the UI screenshots.
+  compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_apt+=(postgresql)
+  command -v redis-server >/dev/null || need_apt+=(redis-server)
+  command -v chromium >/dev/null || need_apt+=(chromium)
+  command -v runuser >/dev/null || need_apt+=(util-linux)
+fi
 # The ssh-infra tests' hosts log in as users of their own: they need a system python3 on the default PATH.
 [ -x /usr/bin/python3 ] || need_apt+=(python3-minimal)
 if [ ${#need_apt[@]} -gt 0 ]; then

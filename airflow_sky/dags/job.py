@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG, TaskGroup
+from airflow.sdk import DAG, TaskGroup, conf
 
 from airflow_sky.errors import SpecError
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
@@ -109,6 +109,7 @@ def sky_job(
     elif env_overrides:
         task = task.update_envs(env_overrides)
     bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
+    check_runnable(task)
     infra = infra or task.resources.infra or "local"
     if "{{" not in infra:
         check_connection(infra, conn_id)  # fails when the DAG is parsed, not mid-run
@@ -202,6 +203,23 @@ def sky_job(
             # teardown fails the run when it does not succeed, and leaves collect a leaf of its own.
             teardown >> EmptyOperator(task_id="terminated")
     return group
+
+
+def check_runnable(task: Task) -> None:
+    """Refuse, when the DAG is parsed, a job that Airflow's limits would stop mid-run.
+
+    Every per-node phase is one mapped task with an instance per node, and Airflow fails a mapped task
+    whose list is longer than `[core] max_map_length`. The other limits (parallelism,
+    max_active_tasks_per_dag, pool slots) only slow a job down: every rank is started by quick tasks before
+    any follow task waits, so the ranks never wait on a worker slot for each other.
+    """
+    limit = conf.getint("core", "max_map_length", fallback=1024)
+    if task.num_nodes > limit:
+        raise SpecError(
+            f"num_nodes: {task.num_nodes} nodes need {task.num_nodes} mapped task instances per phase, more "
+            f"than Airflow's [core] max_map_length ({limit}) allows; raise it (AIRFLOW__CORE__MAX_MAP_LENGTH) "
+            "on every Airflow component, or use fewer nodes"
+        )
 
 
 def job_result(group: TaskGroup) -> Any:

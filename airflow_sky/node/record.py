@@ -32,6 +32,7 @@ class Node:
     status: NodeStatus = NodeStatus.RUNNING
     gpus: float = 0
     host_key: str | None = None  # "<type> <base64>", pinned at provision time
+    console_url: str | None = None  # the machine's page in its cloud's console (an extra link in the UI)
 
     @property
     def is_head(self) -> bool:

@@ -33,6 +33,13 @@ class SkyBaseOperator(BaseOperator):
     # `cluster` arrives as an XComArg: Airflow resolves XComArgs in template fields at run time. The task
     # spec's own template fields (setup, run, envs, secrets) render per run.
     template_fields: Sequence[str] = ("cluster", "sky_task")
+    # The rendered-template view shows the spec's rendered scripts and envs (secrets masked), not a repr.
+    template_fields_renderers = {
+        "sky_task.setup": "bash",
+        "sky_task.run": "bash",
+        "sky_task.envs": "json",
+        "sky_task.secrets": "json",
+    }
 
     def __init__(
         self,

@@ -24,6 +24,7 @@ from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.gang.relaunch import follow_relaunch, job_nodes
 from airflow_sky.gang.watcher import Triage, fail_always, recovery_triage
 from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
+from airflow_sky.operators.links import SkyNodeConsoleLink
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
 from airflow_sky.triggers.follow import MIN_WAIT_S
@@ -36,6 +37,8 @@ DEFER_AFTER_S = 30.0
 
 
 class _PhaseOperator(SkyBaseOperator):
+    operator_extra_links = (SkyNodeConsoleLink(),)
+
     def __init__(self, *, phase: Phase, node: dict[str, Any] | Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if phase not in ("setup", "run"):

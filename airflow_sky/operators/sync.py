@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.operators.links import SkyNodeConsoleLink
 
 
 class SkySyncOperator(SkyBaseOperator):
@@ -15,6 +16,7 @@ class SkySyncOperator(SkyBaseOperator):
     """
 
     ui_color = "#fff3c4"
+    operator_extra_links = (SkyNodeConsoleLink(),)
 
     def __init__(
         self,

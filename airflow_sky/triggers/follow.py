@@ -14,6 +14,7 @@ triggers of threads), and each step has a deadline: a node that does not answer 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +40,10 @@ MIN_WAIT_S = 15.0
 
 
 async def _in_thread(call: Callable[[], Any]) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, call)
+    # In this task's context: the triggerer binds the trigger's id in context variables, and only a log
+    # line that carries it reaches the task's own log (the node's lines would land in the triggerer's).
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(_EXECUTOR, context.run, call)
 
 
 class SkyFollowTrigger(BaseTrigger):

@@ -56,6 +56,10 @@ def test_ranks_come_from_the_instances_tags_and_a_fresh_driver_reads_them_back(
     }
     # infra `aws` (no region): the driver finds the region through the placement record
     assert [n.instance_id for n in AwsCloud().nodes(cluster)] == [n.instance_id for n in nodes]
+    assert nodes[0].console_url == (  # the node's extra link in the Airflow UI
+        f"https://{REGION}.console.aws.amazon.com/ec2/home?region={REGION}#InstanceDetails:instanceId="
+        f"{nodes[0].instance_id}"
+    )
 
 
 def test_a_provision_retried_after_its_provisioner_died_gets_the_same_instances(

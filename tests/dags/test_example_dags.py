@@ -60,3 +60,36 @@ def test_conn_id_on_the_local_infra_is_refused_when_the_dag_is_parsed():
 
     with pytest.raises(SpecError, match="conn_id: the local infra takes no Airflow connection"), DAG("c"):
         sky_job(Task(run="true"), conn_id="my_aws")
+
+
+def test_a_job_wider_than_max_map_length_is_refused_when_the_dag_is_parsed(monkeypatch):
+    from airflow.sdk import DAG
+
+    from airflow_sky import Task, sky_job
+    from airflow_sky.errors import SpecError
+
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "8")
+    with DAG("fits"):
+        sky_job(Task(run="true", num_nodes=8))  # exactly the limit is fine
+    with pytest.raises(SpecError, match=r"num_nodes: 9 nodes .* max_map_length \(8\)"), DAG("wide"):
+        sky_job(Task(run="true", num_nodes=9))
+
+
+def test_per_node_tasks_carry_the_node_console_link_and_the_provider_registers_it():
+    from airflow.sdk import DAG
+
+    from airflow_sky import Task, sky_job
+    from airflow_sky.operators.links import SkyNodeConsoleLink
+    from airflow_sky.provider import get_provider_info
+
+    with DAG("links") as dag:
+        sky_job(Task(name="j", run="true", num_nodes=2))
+    linked = {
+        t.task_id for t in dag.tasks if any(isinstance(x, SkyNodeConsoleLink) for x in t.operator_extra_links)
+    }
+    assert linked == {f"j.{p}" for p in ("sync", "setup_start", "setup_follow", "run_start", "run_follow")}
+    assert "airflow_sky.operators.links.SkyNodeConsoleLink" in get_provider_info()["extra-links"]
+    link = SkyNodeConsoleLink()
+    url = "https://eu-west-1.console.aws.amazon.com/ec2/home?region=eu-west-1#InstanceDetails:instanceId=i-1"
+    assert link.get_link(type("Op", (), {"node": {"console_url": url}})(), ti_key=None) == url
+    assert link.get_link(type("Op", (), {"node": {"rank": 0}})(), ti_key=None) == ""  # local, ssh: none

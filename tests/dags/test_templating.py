@@ -50,3 +50,8 @@ with DAG("templated", schedule=None) as dag:
         "run_follow",
     }
     assert [row[:2] for row in rendered if SECRET in str(row[2])] == []
+    # The view shows the rendered scripts and envs themselves (not the spec's repr), with the secret masked.
+    run_start = next(json.loads(row[2]) for row in rendered if row[0].endswith("run_start"))
+    assert '"templated" > "$PROBE/rendered-$SKYPILOT_NODE_RANK"' in run_start["sky_task.run"]
+    assert len(run_start["sky_task.envs"]["DAY"]) == 10
+    assert run_start["sky_task.secrets"] == {"TOKEN": "***"}

@@ -40,6 +40,11 @@ def test_ranks_come_from_labels_and_a_fresh_driver_finds_the_zone_in_the_record(
     assert sorted(int(v[vms.LABEL_RANK]) for v in labels.values()) == [0, 1, 2]
     assert {n.instance_id: n.rank for n in nodes} == {k: int(v[vms.LABEL_RANK]) for k, v in labels.items()}
     assert [n.instance_id for n in GcpCloud().nodes(cluster)] == [n.instance_id for n in nodes]
+    zone = gce.instances[nodes[0].instance_id]["zone"].rsplit("/", 1)[-1]
+    assert nodes[0].console_url == (  # the node's extra link in the Airflow UI
+        f"https://console.cloud.google.com/compute/instancesDetail/zones/{zone}/instances/"
+        f"{nodes[0].instance_id}?project=test-project"
+    )
     tags = gce.instances[nodes[0].instance_id]["tags"]["items"]
     assert tags == ["airflow-sky", f"sky-{cluster}"]
     internal = gce.firewalls[vms.internal_firewall(cluster)]

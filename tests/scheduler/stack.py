@@ -10,27 +10,29 @@ from pathlib import Path
 from typing import Any
 
 DRIVER = Path(__file__).with_name("stack_driver.py")
+REPO = Path(__file__).resolve().parents[2]
 
 
-def run_stack(tmp_path: Path, config: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str]:
-    """Run the driver with `config` (its `home` under tmp_path); returns (its report, the stack's log)."""
+def run_in_private_network(
+    driver: list[str], tmp_path: Path, config: dict[str, Any], timeout_s: float
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run `driver CONFIG REPORT` under `unshare --net` (from the repository root); returns it and REPORT."""
     assert shutil.which("unshare") and shutil.which("ip"), "needs util-linux unshare and iproute2 (bootstrap)"
     (tmp_path / "config.json").write_text(json.dumps(config))
     report_path = tmp_path / "report.json"
-    driver = subprocess.run(
-        [
-            "unshare",
-            "--net",
-            "--",
-            sys.executable,
-            str(DRIVER),
-            str(tmp_path / "config.json"),
-            str(report_path),
-        ],
+    completed = subprocess.run(
+        ["unshare", "--net", "--", *driver, str(tmp_path / "config.json"), str(report_path)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=timeout_s,
     )
+    return completed, report_path
+
+
+def run_stack(tmp_path: Path, config: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str]:
+    """Run the driver with `config` (its `home` under tmp_path); returns (its report, the stack's log)."""
+    driver, report_path = run_in_private_network([sys.executable, str(DRIVER)], tmp_path, config, timeout_s)
     log_path = Path(config["home"]) / "standalone.log"
     log = log_path.read_text(errors="replace") if log_path.exists() else ""
     assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]

@@ -235,9 +235,9 @@ class AwsCloud(Cloud):
         if region is None:
             return []
         current = instances.current_members(self._members(cluster_name, region))
-        return [self._node(rank, m) for rank, m in current.items()]
+        return [self._node(rank, m, region) for rank, m in current.items()]
 
-    def _node(self, rank: int, m: Member) -> Node:
+    def _node(self, rank: int, m: Member, region: str) -> Node:
         endpoint = self._endpoint(m)
         return Node(
             rank=rank,
@@ -249,6 +249,7 @@ class AwsCloud(Cloud):
             status=instances.status_of(m),
             gpus=catalog.accelerator_count("aws", m.instance_type),
             host_key=m.host_key,
+            console_url=instances.console_url(region, m.instance_id),
         )
 
     def _endpoint(self, m: Member) -> Endpoint:
@@ -520,7 +521,7 @@ class AwsCloud(Cloud):
             m.instance_id: (r, m)
             for r, m in instances.current_members(self._members(cluster, region)).items()
         }
-        nodes = [self._node(*ranked[i]) for i in ids if i in ranked]
+        nodes = [self._node(*ranked[i], region) for i in ids if i in ranked]
         self._wait_ssh(nodes)
 
     def _wait_running(self, ec2: Any, cluster: str, region: str, ids: list[str]) -> dict[str, Member]:

@@ -151,3 +151,8 @@ def launch_token(cluster: str, ranks: Sequence[int], placement: str, known: Iter
 def error_code(error: Exception) -> str:
     response = getattr(error, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
+
+
+def console_url(region: str, instance_id: str) -> str:
+    """The instance's page in the EC2 console (the node's extra link in the Airflow UI)."""
+    return f"https://{region}.console.aws.amazon.com/ec2/home?region={region}#InstanceDetails:instanceId={instance_id}"

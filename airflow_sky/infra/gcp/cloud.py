@@ -230,6 +230,7 @@ class GcpCloud(Cloud):
             status=vms.status_of(vm, preempted),
             gpus=catalog.accelerator_count("gcp", vm.machine_type),
             host_key=host_key,
+            console_url=vms.console_url(self.settings.project, vm.zone, vm.name),
         )
 
     def _endpoint(self, vm: vms.Vm) -> dict[str, Any]:

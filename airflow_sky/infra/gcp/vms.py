@@ -226,3 +226,8 @@ SELF_DELETE = (
     '"https://compute.googleapis.com/compute/v1/projects/$p/zones/${z##*/}/instances/$n"'
 )
 SHUTDOWN = "sudo -n shutdown -h now || sudo -n poweroff || shutdown -h now"
+
+
+def console_url(project: str, zone: str, name: str) -> str:
+    """The VM's page in the Google Cloud console (the node's extra link in the Airflow UI)."""
+    return f"https://console.cloud.google.com/compute/instancesDetail/zones/{zone}/instances/{name}?project={project}"

@@ -1,0 +1,179 @@
+"""airflow-sky on a distributed Airflow: PostgreSQL, Redis, CeleryExecutor with two workers (celery_stack.py).
+
+Two 3-node jobs on an ssh pool of real OpenSSH servers, triggered through the REST API at once: one plain,
+one whose rank 1 host is killed while its follow tasks wait in the triggerer. Consecutive phases run on
+alternate workers, each with its own HOME, TMPDIR and AIRFLOW_HOME, so neither job can lean on a file one
+worker wrote. Everything is read back through the REST API, as a user's monitoring would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.scheduler.stack import run_in_private_network
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "docs" / "img"
+SECRET = "stack-s3cret-7Qz"
+
+PLAIN_DAG = f"""
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+task = Task(
+    name="plain",
+    num_nodes=3,
+    setup='echo "setup on rank $SKYPILOT_SETUP_NODE_RANK"',
+    run='for i in 1 2 3; do echo "rank $SKYPILOT_NODE_RANK says line $i of $SKYPILOT_NUM_NODES"; sleep 1; done; '
+        'echo "token length ${{#API_TOKEN}}"; '
+        'echo "{{\\\\"rank\\\\": $SKYPILOT_NODE_RANK}}" > "$AIRFLOW_SKY_XCOM_DIR/return.json"',
+    envs={{"RUN": "{{{{ run_id }}}}"}},
+    secrets={{"API_TOKEN": {SECRET!r}}},
+)
+with DAG("celery_plain", schedule=None, catchup=False):
+    sky_job(task, cluster_name="celery-plain", infra="ssh/stack", conn_id="sky_pool")
+"""
+
+PREEMPT_DAG = """
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+task = Task(
+    name="spot",
+    num_nodes=3,
+    run='echo "generation $AIRFLOW_SKY_RECOVERY_COUNT rank $SKYPILOT_NODE_RANK on $(whoami)"; '
+        'echo "$SKYPILOT_NODE_RANK" > ~/spot-started; sleep 25; echo "done rank $SKYPILOT_NODE_RANK"',
+)
+with DAG("celery_preempt", schedule=None, catchup=False):
+    sky_job(task, cluster_name="celery-spot", infra="ssh/stack", conn_id="sky_pool", deferrable=True,
+            defer_after_s=2)
+"""
+
+
+def _run_stack(tmp_path: Path, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    for need in ("redis-server", "runuser"):
+        assert shutil.which(need), f"{need} is missing (scripts/bootstrap.sh installs it)"
+    driver, report_path = run_in_private_network(
+        [sys.executable, "-m", "tests.deploy.celery_stack"], tmp_path, config, timeout_s
+    )
+    assert driver.returncode == 0 and report_path.exists(), driver.stdout[-3000:] + driver.stderr[-5000:]
+    return json.loads(report_path.read_text())
+
+
+def _component_logs(root: Path) -> str:
+    return "".join(
+        f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(root.glob("*.log"))
+    )
+
+
+@pytest.fixture(scope="module")
+def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("celery")
+    root = tmp / "stack"
+    (root / "dags").mkdir(parents=True)
+    (root / "dags" / "celery_plain.py").write_text(PLAIN_DAG)
+    (root / "dags" / "celery_preempt.py").write_text(PREEMPT_DAG)
+    config = {
+        "root": str(root),
+        "pool_size": 7,  # 3 + 3 hosts for the jobs, one spare for the recovery
+        "dags": ["celery_plain", "celery_preempt"],
+        "preempt": {"dag_id": "celery_preempt", "rank": 1, "marker": "spot-started"},
+        "screenshots": {"dag_id": "celery_plain", "group": "plain", "dir": str(SCREENSHOTS)},
+        "timeout_s": 480,
+    }
+    report = _run_stack(tmp, config, timeout_s=900)
+    assert "error" not in report, report.get("error", "") + _component_logs(root)
+    report["component_logs"] = _component_logs(root)
+    return report
+
+
+PHASES = (
+    "provision",
+    "sync",
+    "setup_start",
+    "setup_follow",
+    "run_start",
+    "run_follow",
+    "collect",
+    "teardown",
+)
+
+
+def _tis(report: dict[str, Any], dag_id: str, phase: str) -> list[dict[str, Any]]:
+    tis = report["runs"][dag_id]["task_instances"]
+    return sorted((ti for ti in tis if ti["task_id"].endswith(f".{phase}")), key=lambda ti: ti["map_index"])
+
+
+def test_a_three_node_job_succeeds_with_its_phases_spread_over_two_celery_workers(stack_report):
+    run = stack_report["runs"]["celery_plain"]
+    assert run["state"] == "success", (
+        json.dumps(run["task_instances"], indent=1) + stack_report["component_logs"]
+    )
+    hosts = {phase: {ti["hostname"] for ti in _tis(stack_report, "celery_plain", phase)} for phase in PHASES}
+    # Provision on one worker; starting, following and tearing down on the other or alternately.
+    assert hosts["provision"] == {"worker-a"} and hosts["teardown"] == {"worker-b"}
+    assert hosts["run_start"] == {"worker-b"} and hosts["run_follow"] == {"worker-a"}
+    assert hosts["setup_start"] == {"worker-a"} and hosts["setup_follow"] == {"worker-b"}
+    assert hosts["sync"] == hosts["collect"] == {"worker-b"}
+
+
+def test_every_rank_log_read_through_the_rest_api_holds_that_ranks_own_lines(stack_report):
+    logs = stack_report["runs"]["celery_plain"]["logs"]
+    follows = _tis(stack_report, "celery_plain", "run_follow")
+    assert [ti["map_index"] for ti in follows] == [0, 1, 2]
+    for ti in follows:
+        log = logs[f"{ti['task_id']}[{ti['map_index']}]"]
+        rank = ti["map_index"]
+        assert f"rank {rank} says line 3 of 3" in log, log
+        assert all(f"rank {other} says" not in log for other in {0, 1, 2} - {rank}), log
+        assert ti["rendered_map_index"].startswith(f"rank {rank} · 127.0.")
+        assert SECRET not in log and "token length 16" in log
+    for ti in _tis(stack_report, "celery_plain", "setup_follow"):
+        assert f"setup on rank {ti['map_index']}" in logs[f"{ti['task_id']}[{ti['map_index']}]"]
+
+
+def test_the_rendered_template_view_shows_the_rendered_spec_with_secrets_masked(stack_report):
+    rendered = stack_report["runs"]["celery_plain"]["rendered_fields"]
+    assert "rank $SKYPILOT_NODE_RANK says line" in rendered["sky_task.run"]
+    assert rendered["sky_task.envs"]["RUN"] == stack_report["runs"]["celery_plain"]["run_id"]  # rendered
+    assert rendered["sky_task.secrets"] == {"API_TOKEN": "***"}
+    assert SECRET not in json.dumps(rendered)
+    # An ssh host has no cloud console: the node link is there, without a URL.
+    assert stack_report["runs"]["celery_plain"]["extra_links"]["extra_links"] == {"Node console": None}
+
+
+def test_a_host_lost_under_a_deferred_follow_is_replaced_once_and_the_job_succeeds(stack_report):
+    run = stack_report["runs"]["celery_preempt"]
+    assert "preempted" in stack_report, "the rank 1 host was never killed"
+    assert run["state"] == "success", (
+        json.dumps(run["task_instances"], indent=1) + stack_report["component_logs"]
+    )
+    follows = _tis(stack_report, "celery_preempt", "run_follow")
+    logs = {ti["map_index"]: run["logs"][f"{ti['task_id']}[{ti['map_index']}]"] for ti in follows}
+    joined = "\n".join(logs.values())
+    assert "generation 1 rank 1" in joined and "generation 2" not in joined  # exactly one recovery
+    lost = stack_report["preempted"]["address"]
+    assert f"Replacing the node of rank 1 ({lost}" in logs[1]
+    for rank, log in logs.items():
+        assert "waiting in the triggerer" in log
+        # Printed while the task waited in the triggerer: the trigger's lines are in the task's own log.
+        assert f"done rank {rank}" in log, log
+
+
+def test_nothing_is_left_running_or_locked_on_the_hosts(stack_report):
+    assert stack_report["leftover_processes"] == []
+    # Only the killed host still holds the lock of the cluster it left (it came back after the teardown).
+    assert stack_report["locked_hosts"] == [stack_report["preempted"]["address"]]
+
+
+def test_the_ui_screenshots_of_the_grid_and_a_rank_log_are_saved_for_the_docs(stack_report):
+    assert stack_report["screenshots"] == {"grid": "", "log": ""}
+    for name in ("grid.png", "rank-log.png"):
+        png = SCREENSHOTS / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
