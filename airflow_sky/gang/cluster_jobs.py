@@ -139,7 +139,7 @@ class ClusterJobs:
         cancelled = []
         for target in targets:
             state, changed = self.states.update(
-                target.job_id, lambda s: js.cancel(s, "cancelled (airflow-sky cancel)", time.time())
+                target.job_id, lambda s: js.cancel(s, "airflow-sky cancel", time.time())
             )
             if not changed:
                 continue

@@ -183,9 +183,9 @@ class RankFollower:
         status = self.failed_status.value
         cause, code = phase.failed_rank, phase.failed_exit_code
         if state.cancelled or cause == js.CANCELLED_RANK:
-            return JobFailed(
-                "cancelled (airflow-sky cancel)", status="CANCELLED", rank=self.rank, exit_code=code
-            )
+            # The reason the canceller gave: `airflow-sky cancel`, a killed follow task, a failed sibling.
+            why = phase.reason if cause == js.CANCELLED_RANK and phase.reason else "airflow-sky cancel"
+            return JobFailed(f"cancelled ({why})", status="CANCELLED", rank=self.rank, exit_code=code)
         if cause is None:
             return JobFailed(f"job {self.job_id} is {state.status.value}", status=status, rank=self.rank)
         reason = phase.reason or ""

@@ -38,6 +38,16 @@ PROBE_THREADS = 16
 Triage = Callable[[js.JobState, int, int | None, list[int]], Decision]
 
 
+def cancel_for_failed_sibling(states: js.JobStates, job_id: int, log: Callable[[str], object]) -> None:
+    """A follow task of the job failed outside the job's own verdict (marked failed in the UI before its
+    on_kill could act, or out of retries on an error of its own): cancel the job, so that its watcher stops
+    every rank instead of leaving the job running for nobody. A job that already ended is left as it is."""
+    reason = "a follow task of the job was failed in Airflow (marked failed, or out of retries)"
+    _, changed = states.update(job_id, lambda s: js.cancel(s, reason, time.time()))
+    if changed:
+        log(f"Cancelling job {job_id}: {reason}")
+
+
 def fail_always(state: js.JobState, rank: int, code: int | None, unhealthy: list[int]) -> Decision:
     """Setup (and a detached job): every fault fails the phase."""
     return Decision(Action.FAIL, "")

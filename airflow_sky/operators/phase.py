@@ -22,12 +22,12 @@ from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.gang.phases import job_states, kill_rank, read_result, start_rank
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.gang.relaunch import follow_relaunch, job_nodes
-from airflow_sky.gang.watcher import Triage, fail_always, recovery_triage
+from airflow_sky.gang.watcher import Triage, cancel_for_failed_sibling, fail_always, recovery_triage
 from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.links import SkyNodeConsoleLink
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
-from airflow_sky.triggers.follow import MIN_WAIT_S
+from airflow_sky.triggers.follow import MIN_WAIT_S, SIBLING_CHECK_S
 
 POLL_INTERVAL_S = 0.5
 # Follow in the worker this long before deferring: a short phase then never defers. Airflow 3.3 can fail a
@@ -211,10 +211,14 @@ class SkyFollowOperator(_PhaseOperator):
     def _until_step(
         self, context: Any, follower: RankFollower, handle: JobHandle, started: float, deferred_before: bool
     ) -> Step:
+        checked = time.monotonic()
         while True:
             step = follower.step()
             if step is not None:
                 return step
+            if time.monotonic() - checked >= SIBLING_CHECK_S:
+                checked = time.monotonic()
+                self._cancel_if_a_sibling_failed(context, follower.states, handle.job_id)
             waited = time.monotonic() - started
             if self.deferrable and not follower.behind and (deferred_before or waited >= self.defer_after_s):
                 offset, generation = follower.line_offset, follower.generation
@@ -223,6 +227,14 @@ class SkyFollowOperator(_PhaseOperator):
                 self._defer(context, handle, nodes, generation, offset)
             if not follower.behind:
                 time.sleep(POLL_INTERVAL_S)
+
+    def _cancel_if_a_sibling_failed(self, context: Any, states: Any, job_id: int) -> None:
+        ti = context["ti"]
+        failed = ti.get_ti_count(
+            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
+        )
+        if failed:
+            cancel_for_failed_sibling(states, job_id, self.log.warning)
 
     def _defer(self, context: Any, handle: JobHandle, nodes: list[Any], generation: int, offset: int) -> None:
         self.log.info("Rank %s is running: waiting in the triggerer (no worker slot held)", self.node["rank"])

@@ -25,7 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_sky.gang import state as js
 from airflow_sky.gang.follow import RankFollower
 from airflow_sky.gang.phases import job_states, kill_rank
-from airflow_sky.gang.watcher import fail_always, recovery_triage
+from airflow_sky.gang.watcher import cancel_for_failed_sibling, fail_always, recovery_triage
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.infra.base import Node
 from airflow_sky.task import JobRecovery
@@ -37,6 +37,11 @@ POLL_DEADLINE_S = 180.0  # one step's SSH calls are bounded by their own timeout
 # A trigger never fires sooner than this after it started: Airflow 3.3 fails a resumed task whose deferring
 # attempt's exit the scheduler had not processed yet (apache/airflow #66374, #71580, #72716).
 MIN_WAIT_S = 15.0
+
+
+# How often a follow (task or trigger) asks Airflow whether a sibling was failed from outside (marked failed
+# in the UI before it got going, so its on_kill had nothing to cancel): such a job is cancelled.
+SIBLING_CHECK_S = 10.0
 
 
 async def _in_thread(call: Callable[[], Any]) -> Any:
@@ -143,7 +148,7 @@ class SkyFollowTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        started = time.monotonic()
+        started = checked = time.monotonic()
         follower = await _in_thread(self._follower)
         try:
             while True:
@@ -163,10 +168,26 @@ class SkyFollowTrigger(BaseTrigger):
                         {"reason": reason, "generation": self.generation, "offset": follower.line_offset}
                     )
                     return
+                if time.monotonic() - checked >= SIBLING_CHECK_S:
+                    checked = time.monotonic()
+                    await _in_thread(self._cancel_if_a_sibling_failed)
                 if not follower.behind:
                     await asyncio.sleep(self.poll_interval_s)
         finally:
             await _in_thread(follower.close)
+
+    def _cancel_if_a_sibling_failed(self) -> None:
+        """As the follow task does (SkyFollowOperator): a sibling failed from outside cancels the job."""
+        ti = getattr(self, "task_instance", None)
+        if ti is None:
+            return
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+        failed = RuntimeTaskInstance.get_ti_count(
+            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
+        )
+        if failed:
+            cancel_for_failed_sibling(job_states(self._hook().cluster), self.job_id, self.log.warning)
 
     async def on_kill(self) -> None:
         """The deferred task was marked failed or cleared: cancel the job, as the task's on_kill does."""

@@ -49,6 +49,7 @@ AIRFLOW = str(Path(sys.executable).parent / "airflow")
 PG_PORT = 5432
 REDIS_PORT = 6379
 WORKERS = {"worker-a": "sky-a", "worker-b": "sky-b"}
+LOG_PHASES = ("setup_follow", "run_follow", "provision", "teardown")  # whose logs the report carries
 # Consecutive phases on alternate workers (the cluster policy below).
 PHASE_QUEUES = {
     "provision": "sky-a",
@@ -235,6 +236,10 @@ def airflow_env(root: Path, db_url: str, pool: SshdPool) -> dict[str, str]:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
             "AIRFLOW_CONN_SKY_POOL": pool_connection(pool),
+            # The local infra is one machine's: every worker shares its state root (a single-host deployment).
+            "AIRFLOW_SKY_LOCAL_ROOT": str(root / "local-root"),
+            # The idle switch of an abandoned job fires within a minute (2 rounds of 15 s after its end).
+            "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "15",
             "PYTHONPATH": os.pathsep.join([str(pylib), str(Path.cwd())]),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
@@ -326,6 +331,20 @@ def _logs(client: httpx.Client, dag_id: str, run_id: str, ti: dict[str, Any]) ->
     )
 
 
+def _all_task_instances(client: httpx.Client, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    """Every task instance of the run, page by page (the API serves at most 100 at a time)."""
+    tis: list[dict[str, Any]] = []
+    while True:
+        page = _get(
+            client,
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+            params={"limit": 100, "offset": len(tis)},
+        ).json()
+        tis.extend(page["task_instances"])
+        if len(tis) >= page["total_entries"] or not page["task_instances"]:
+            return tis
+
+
 def _screenshot(url: str, out: Path, profile: Path) -> str:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -377,29 +396,36 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
     report["startup_s"] = time.monotonic() - started
     runs = {dag_id: _trigger(client, dag_id) for dag_id in dags}
     preempt = config.get("preempt")
+    fail_task = config.get("fail_task")
+    abandon = config.get("abandon")
+    watched = [d for d in dags if not abandon or d != abandon["dag_id"]]
     states = dict.fromkeys(dags, "queued")
     run_started = time.monotonic()
     deadline = run_started + float(config.get("timeout_s", 600))
-    while time.monotonic() < deadline and not all(s in ("success", "failed") for s in states.values()):
+    while time.monotonic() < deadline and not all(states[d] in ("success", "failed") for d in watched):
         procs.check()
         for dag_id, run_id in runs.items():
             states[dag_id] = _get(client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
-        if preempt:
-            tis = _task_instances(client, preempt["dag_id"], runs[preempt["dag_id"]])
-            follows = [ti["state"] for ti in tis if ti["task_id"].endswith(".run_follow")]
-            if follows and all(state == "deferred" for state in follows):
-                killed = _preempt(pool, preempt)
-                if killed:
-                    report["preempted"] = {"address": killed, "at_s": time.monotonic() - run_started}
-                    preempt = None
+        if preempt and _follows_all(client, preempt["dag_id"], runs[preempt["dag_id"]], "deferred"):
+            killed = _preempt(pool, preempt)
+            if killed:
+                report["preempted"] = {"address": killed, "at_s": time.monotonic() - run_started}
+                preempt = None
+        # As early as can be: before the follow task got going, so nothing of it can react (its siblings must).
+        if fail_task and _phase_all(
+            client, fail_task["dag_id"], runs[fail_task["dag_id"]], "run_start", "success"
+        ):
+            _mark_failed(client, fail_task, runs[fail_task["dag_id"]])
+            report["marked_failed_at_s"] = time.monotonic() - run_started
+            fail_task = None
         time.sleep(1)
     report["run_s"] = time.monotonic() - run_started
     report["runs"] = {}
-    for dag_id, run_id in runs.items():
-        tis = _get(
-            client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 500}
-        ).json()["task_instances"]
+    for dag_id in watched:
+        run_id = runs[dag_id]
+        tis = _all_task_instances(client, dag_id, run_id)
         keys = ("task_id", "map_index", "rendered_map_index", "state", "try_number", "hostname", "queue")
+        keys += ("start_date", "end_date")
         entry: dict[str, Any] = {
             "run_id": run_id,
             "state": states[dag_id],
@@ -407,7 +433,7 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
             "logs": {},
         }
         for ti in tis:
-            if ti["task_id"].rsplit(".", 1)[-1] in ("setup_follow", "run_follow", "provision", "teardown"):
+            if ti["task_id"].rsplit(".", 1)[-1] in config.get("log_phases", LOG_PHASES):
                 entry["logs"][f"{ti['task_id']}[{ti['map_index']}]"] = _logs(client, dag_id, run_id, ti)
         first_start = next(ti for ti in tis if ti["task_id"].endswith(".run_start"))
         detail = _get(
@@ -437,6 +463,40 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
                 root / "chromium",
             ),
         }
+    if abandon:
+        report["abandoned"] = _abandon(client, abandon, runs[abandon["dag_id"]], procs)
+
+
+def _phase_all(client: httpx.Client, dag_id: str, run_id: str, phase: str, state: str) -> bool:
+    """Whether every task instance of the phase (e.g. run_follow) of the run is in `state`."""
+    tis = _task_instances(client, dag_id, run_id)
+    found = [ti["state"] for ti in tis if ti["task_id"].endswith(f".{phase}")]
+    return bool(found) and all(s == state for s in found)
+
+
+def _follows_all(client: httpx.Client, dag_id: str, run_id: str, state: str) -> bool:
+    return _phase_all(client, dag_id, run_id, "run_follow", state)
+
+
+def _mark_failed(client: httpx.Client, fail_task: dict[str, Any], run_id: str) -> None:
+    """What a user does in the UI: mark one running task instance failed."""
+    url = f"/api/v2/dags/{fail_task['dag_id']}/dagRuns/{run_id}/taskInstances/{fail_task['task_id']}"
+    marked = client.patch(f"{url}/{fail_task['map_index']}", json={"new_state": "failed"})
+    marked.raise_for_status()
+
+
+def _abandon(client: httpx.Client, abandon: dict[str, Any], run_id: str, procs: Processes) -> dict[str, Any]:
+    """Kill every Airflow process at once (a lost scheduler machine) while the job's ranks run."""
+    _wait(
+        f"{abandon['dag_id']}'s run follow tasks running",
+        lambda: _follows_all(client, abandon["dag_id"], run_id, "running"),
+        240,
+        procs,
+    )
+    for name in ("scheduler", "triggerer", "dag-processor", "api-server", *WORKERS):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(procs.started[name].pid, signal.SIGKILL)
+    return {"run_id": run_id, "cluster": abandon["cluster"]}
 
 
 def main(config_path: str, report_path: str) -> int:
@@ -444,8 +504,8 @@ def main(config_path: str, report_path: str) -> int:
     root = Path(config["root"])
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     procs = Processes(root)
-    report: dict[str, Any] = {"logs": str(root)}
-    pool = SshdPool(int(config["pool_size"]), "stack", 3)
+    report: dict[str, Any] = {"logs": str(root), "local_root": str(root / "local-root")}
+    pool = SshdPool(int(config["pool_size"]), config.get("pool_prefix", "stack"), 3)
     try:
         pool.start()
         report["pool"] = [{"address": h.address, "user": h.user} for h in pool.hosts]

@@ -8,9 +8,11 @@ worker wrote. Everything is read back through the REST API, as a user's monitori
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,25 +74,62 @@ def _component_logs(root: Path) -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("celery")
+KILLED_DAG = """
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+task = Task(name="killed", num_nodes=3, run='echo "rank $SKYPILOT_NODE_RANK up"; sleep 300')
+with DAG("celery_killed", schedule=None, catchup=False):
+    sky_job(task, cluster_name="celery-killed", infra="ssh/stack", conn_id="sky_pool", deferrable=False)
+"""
+
+# On the local infra (one machine's nodes, shared by both workers): autostop is its dead-man switch.
+ABANDONED_DAG = """
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+from airflow_sky.task import Resources
+
+task = Task(
+    name="abandoned",
+    num_nodes=2,
+    run='echo "rank $SKYPILOT_NODE_RANK up"; sleep 100',
+    resources=Resources(autostop={"idle_minutes": 0, "down": True}),
+)
+with DAG("celery_abandoned", schedule=None, catchup=False):
+    sky_job(task, cluster_name="celery-abandoned", deferrable=False)
+"""
+
+
+def run_celery_stack(tmp: Path, dags: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
+    """Run celery_stack.py with these DAG files (dag_id: source) and config; its report, checked for errors."""
     root = tmp / "stack"
     (root / "dags").mkdir(parents=True)
-    (root / "dags" / "celery_plain.py").write_text(PLAIN_DAG)
-    (root / "dags" / "celery_preempt.py").write_text(PREEMPT_DAG)
-    config = {
-        "root": str(root),
-        "pool_size": 7,  # 3 + 3 hosts for the jobs, one spare for the recovery
-        "dags": ["celery_plain", "celery_preempt"],
-        "preempt": {"dag_id": "celery_preempt", "rank": 1, "marker": "spot-started"},
-        "screenshots": {"dag_id": "celery_plain", "group": "plain", "dir": str(SCREENSHOTS)},
-        "timeout_s": 480,
-    }
-    report = _run_stack(tmp, config, timeout_s=900)
+    for dag_id, source in dags.items():
+        (root / "dags" / f"{dag_id}.py").write_text(source)
+    report = _run_stack(tmp, {"root": str(root), "dags": list(dags), **config}, timeout_s=1200)
     assert "error" not in report, report.get("error", "") + _component_logs(root)
     report["component_logs"] = _component_logs(root)
     return report
+
+
+@pytest.fixture(scope="module")
+def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    config = {
+        "pool_size": 10,  # 3 + 3 + 3 hosts for the jobs, one spare for the recovery
+        "preempt": {"dag_id": "celery_preempt", "rank": 1, "marker": "spot-started"},
+        "fail_task": {"dag_id": "celery_killed", "task_id": "killed.run_follow", "map_index": 0},
+        # Once the other runs ended: every Airflow process is killed while this job's ranks run.
+        "abandon": {"dag_id": "celery_abandoned", "cluster": "celery-abandoned"},
+        "screenshots": {"dag_id": "celery_plain", "group": "plain", "dir": str(SCREENSHOTS)},
+        "timeout_s": 480,
+    }
+    dags = {
+        "celery_plain": PLAIN_DAG,
+        "celery_preempt": PREEMPT_DAG,
+        "celery_killed": KILLED_DAG,
+        "celery_abandoned": ABANDONED_DAG,
+    }
+    return run_celery_stack(tmp_path_factory.mktemp("celery"), dags, config)
 
 
 PHASES = (
@@ -159,7 +198,7 @@ def test_a_host_lost_under_a_deferred_follow_is_replaced_once_and_the_job_succee
     joined = "\n".join(logs.values())
     assert "generation 1 rank 1" in joined and "generation 2" not in joined  # exactly one recovery
     lost = stack_report["preempted"]["address"]
-    assert f"Replacing the node of rank 1 ({lost}" in logs[1]
+    assert f"Replacing the node of rank 1 ({lost}" in joined  # by whichever follow task led the relaunch
     for rank, log in logs.items():
         assert "waiting in the triggerer" in log
         # Printed while the task waited in the triggerer: the trigger's lines are in the task's own log.
@@ -177,3 +216,43 @@ def test_the_ui_screenshots_of_the_grid_and_a_rank_log_are_saved_for_the_docs(st
     for name in ("grid.png", "rank-log.png"):
         png = SCREENSHOTS / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_a_follow_task_marked_failed_cancels_the_job_and_the_teardown_still_frees_every_host(stack_report):
+    run = stack_report["runs"]["celery_killed"]
+    assert "marked_failed_at_s" in stack_report, "the follow task was never marked failed"
+    states = {
+        (ti["task_id"].rsplit(".", 1)[-1], ti["map_index"]): ti["state"] for ti in run["task_instances"]
+    }
+    assert run["state"] == "failed"
+    assert states[("run_follow", 0)] == "failed"
+    # The other ranks were stopped (not left to sleep out their 300 s), and the teardown ran.
+    assert {states[("run_follow", 1)], states[("run_follow", 2)]} <= {"failed", "upstream_failed"}
+    assert states[("teardown", -1)] == "success", states
+    assert stack_report["run_s"] < 240
+    logs = "\n".join(run["logs"].values())
+    # Cancelled by the marked task's on_kill, or (marked before it ran) by a sibling that saw it failed.
+    assert (
+        "Task killed: cancelling job" in logs
+        or "Cancelling job 1: a follow task of the job was failed" in logs
+    )
+    assert "CANCELLED: cancelled (" in logs
+    # test_nothing_is_left_running_or_locked_on_the_hosts: no process and no lock of it is left.
+
+
+def test_a_run_whose_airflow_died_mid_job_is_stopped_by_the_idle_switch(stack_report, monkeypatch):
+    from airflow_sky.infra.local import daemon
+    from airflow_sky.infra.local.cloud import LocalCloud
+
+    abandoned = stack_report["abandoned"]
+    monkeypatch.setenv("AIRFLOW_SKY_LOCAL_ROOT", stack_report["local_root"])
+    cluster = abandoned["cluster"]
+    try:
+        # Nothing of Airflow is left to tear it down: the job ends, and autostop (idle 0, down) removes it.
+        deadline = time.monotonic() + 180
+        while daemon.processes_with_marker(cluster) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert daemon.processes_with_marker(cluster) == []
+    finally:
+        with contextlib.suppress(Exception):
+            LocalCloud().terminate(cluster)

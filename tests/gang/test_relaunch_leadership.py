@@ -163,6 +163,27 @@ def test_a_cancel_during_a_recovery_ends_the_job_and_nothing_of_the_new_generati
         js.claim_relaunch(state, 0, decision, time.time())
 
 
+def _rank_0_step(cluster, states, handle, operator):
+    """What rank 0's follower wakes up to next."""
+    follower = RankFollower(
+        cluster,
+        states,
+        handle.job_id,
+        "run",
+        0,
+        0,
+        list(handle.nodes),
+        "rank-0",
+        emit=lambda line: None,
+        triage=operator._triage(),
+        state_interval_s=0.1,
+    )
+    try:
+        return follower.run(0.1)
+    finally:
+        follower.close()
+
+
 def test_on_kill_of_one_rank_cancels_the_job_even_with_restarts_allowed(local_cluster, tmp_path):
     from airflow_sky.operators.phase import SkyFollowOperator
 
@@ -177,23 +198,46 @@ def test_on_kill_of_one_rank_cancels_the_job_even_with_restarts_allowed(local_cl
     )
     operator._following = (cluster, list(handle.nodes), 0, states, handle.job_id)
     operator.on_kill()  # the UI marked rank 1's task failed, or it ran past its execution_timeout
-    follower = RankFollower(
-        cluster,
-        states,
-        handle.job_id,
-        "run",
-        0,
-        0,
-        list(handle.nodes),
-        "rank-0",
-        emit=lambda line: None,
-        triage=operator._triage(),
-        state_interval_s=0.1,
-    )
-    step = follower.run(0.1)
-    follower.close()
+    step = _rank_0_step(cluster, states, handle, operator)
     assert step.wake is Wake.FAILED and step.error is not None and step.error.status == "CANCELLED"
     state = states.require(handle.job_id)
     assert state.status is JobStatus.CANCELLED and state.generation == 0
     assert state.phase("run").killed  # the watcher stopped every rank
     assert sorted(_starts(tmp_path)) == ["0 0", "1 0"]  # never relaunched
+
+
+class _TaskInstanceAnswering:
+    """Stands in for the task instance in the context: answers get_ti_count as Airflow's execution API
+    would (the deployment test, tests/deploy, runs the real one under a real scheduler)."""
+
+    dag_id, task_id, run_id = "d", "job.run_follow", "r"
+
+    def __init__(self, failed: int) -> None:
+        self.failed = failed
+        self.asked: list[dict[str, object]] = []
+
+    def get_ti_count(self, **query: object) -> int:
+        self.asked.append(query)
+        return self.failed
+
+
+def test_a_follow_task_that_sees_a_failed_sibling_cancels_the_job_and_names_why(local_cluster, tmp_path):
+    """A task marked failed before it ran had no on_kill to call: its siblings must stop the job."""
+    from airflow_sky.operators.phase import SkyFollowOperator
+
+    cluster, task, handle, states = _job(local_cluster, tmp_path, RECORD_START + "sleep 60")
+    operator = SkyFollowOperator(
+        task_id="run_follow", sky_task=task, phase="run", node={"rank": 0}, cluster=handle.to_dict()
+    )
+    healthy = _TaskInstanceAnswering(failed=0)
+    operator._cancel_if_a_sibling_failed({"ti": healthy}, states, handle.job_id)
+    assert states.require(handle.job_id).status is JobStatus.RUNNING  # no failed sibling: nothing happens
+    assert healthy.asked == [
+        {"dag_id": "d", "task_ids": ["job.run_follow"], "run_ids": ["r"], "states": ["failed"]}
+    ]
+
+    operator._cancel_if_a_sibling_failed({"ti": _TaskInstanceAnswering(failed=1)}, states, handle.job_id)
+    step = _rank_0_step(cluster, states, handle, operator)
+    assert step.wake is Wake.FAILED and step.error is not None and step.error.status == "CANCELLED"
+    assert "a follow task of the job was failed in Airflow" in str(step.error)
+    assert states.require(handle.job_id).status is JobStatus.CANCELLED
