@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow_home
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 
 .PHONY: bootstrap bootstrap-tests demo test lint typecheck unit bench
 
@@ -34,7 +34,7 @@ SLOW_TESTS := tests/scheduler/test_deferral_race.py tests/deploy/test_celery_dep
 	tests/cli/test_jobs_cli.py tests/cli/test_launch_cli.py tests/dags/test_recovery.py \
 	tests/ssh/test_ssh_jobs.py tests/cli/test_autostop_cli.py tests/aws/test_aws_jobs.py tests/gcp/test_gcp_jobs.py
 unit:
-	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(SLOW_TESTS) tests
+	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(SLOW_TESTS) tests
 
 bench: bootstrap
 	$(BIN)/python bench/run_all.py

@@ -34,7 +34,7 @@ with DAG("results", schedule=None) as dag:
     db = Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db"
     with contextlib.closing(sqlite3.connect(db)) as conn:
         rows = conn.execute(
-            "SELECT task_id, map_index, length(value), value FROM xcom WHERE dag_id = 'results'"
+            "SELECT task_id, map_index, length(value), value FROM xcom WHERE dag_id = 'results' AND key = 'return_value'"
         ).fetchall()
     assert max(size or 0 for _, _, size, _ in rows) < MAX_RESULT_BYTES
     results = {index: value for task_id, index, _, value in rows if task_id.endswith("run_follow")}

@@ -412,10 +412,11 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
                 report["preempted"] = {"address": killed, "at_s": time.monotonic() - run_started}
                 preempt = None
         # As early as can be: before the follow task got going, so nothing of it can react (its siblings must).
-        if fail_task and _phase_all(
-            client, fail_task["dag_id"], runs[fail_task["dag_id"]], "run_start", "success"
+        if (
+            fail_task
+            and _phase_all(client, fail_task["dag_id"], runs[fail_task["dag_id"]], "run_start", "success")
+            and _mark_failed(client, fail_task, runs[fail_task["dag_id"]])
         ):
-            _mark_failed(client, fail_task, runs[fail_task["dag_id"]])
             report["marked_failed_at_s"] = time.monotonic() - run_started
             fail_task = None
         time.sleep(1)
@@ -448,6 +449,11 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
         )
         entry["extra_links"] = links.json() if links.status_code == 200 else {"status": links.status_code}
         report["runs"][dag_id] = entry
+    # The connection types the UI's connection form offers (the provider registers `sky_ssh_pool`).
+    hook_meta = _get(client, "/ui/connections/hook_meta")
+    report["connection_types"] = (
+        [h.get("connection_type") for h in hook_meta.json()] if hook_meta.is_success else []
+    )
     shots = config.get("screenshots")
     if shots:
         dag_id = shots["dag_id"]
@@ -478,11 +484,15 @@ def _follows_all(client: httpx.Client, dag_id: str, run_id: str, state: str) -> 
     return _phase_all(client, dag_id, run_id, "run_follow", state)
 
 
-def _mark_failed(client: httpx.Client, fail_task: dict[str, Any], run_id: str) -> None:
-    """What a user does in the UI: mark one running task instance failed."""
+def _mark_failed(client: httpx.Client, fail_task: dict[str, Any], run_id: str) -> bool:
+    """What a user does in the UI: mark one task instance failed. False while it does not exist yet (the
+    scheduler expands a mapped task once its upstream is done)."""
     url = f"/api/v2/dags/{fail_task['dag_id']}/dagRuns/{run_id}/taskInstances/{fail_task['task_id']}"
     marked = client.patch(f"{url}/{fail_task['map_index']}", json={"new_state": "failed"})
+    if marked.status_code == 404:
+        return False
     marked.raise_for_status()
+    return True
 
 
 def _abandon(client: httpx.Client, abandon: dict[str, Any], run_id: str, procs: Processes) -> dict[str, Any]:

@@ -177,12 +177,15 @@ def test_every_rank_log_read_through_the_rest_api_holds_that_ranks_own_lines(sta
         assert f"setup on rank {ti['map_index']}" in logs[f"{ti['task_id']}[{ti['map_index']}]"]
 
 
-def test_the_rendered_template_view_shows_the_rendered_spec_with_secrets_masked(stack_report):
+def test_the_ui_shows_the_rendered_spec_with_secrets_masked_the_node_link_and_the_connection_type(
+    stack_report,
+):
     rendered = stack_report["runs"]["celery_plain"]["rendered_fields"]
     assert "rank $SKYPILOT_NODE_RANK says line" in rendered["sky_task.run"]
     assert rendered["sky_task.envs"]["RUN"] == stack_report["runs"]["celery_plain"]["run_id"]  # rendered
     assert rendered["sky_task.secrets"] == {"API_TOKEN": "***"}
     assert SECRET not in json.dumps(rendered)
+    assert "sky_ssh_pool" in stack_report["connection_types"]  # the UI offers the provider's connection type
     # An ssh host has no cloud console: the node link is there, without a URL.
     assert stack_report["runs"]["celery_plain"]["extra_links"]["extra_links"] == {"Node console": None}
 

@@ -27,15 +27,14 @@ from airflow_sky import Task, sky_job
 task = Task(
     name="wide",
     num_nodes={nodes},
-    setup={setup!r},
-    run='echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES"; sleep 10; echo "rank $SKYPILOT_NODE_RANK done"',
+    run='echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES"; sleep {sleep}; echo "rank $SKYPILOT_NODE_RANK done"',
 )
 with DAG({dag_id!r}, schedule=None) as dag:
     sky_job(task, cluster_name={dag_id!r}, infra="ssh/stack", conn_id="sky_pool", deferrable={deferrable!r},
-            defer_after_s=0)
+            defer_after_s=0, setup=False)
 """
-# The blocking job also runs a setup phase (its follow tasks hold slots too); the deferrable one does not.
-DAGS = {"wide_blocking": (False, "sleep 2"), "wide_deferrable": (True, None)}
+# The deferrable job runs longer: a follow task that starts after its rank ended has nothing to wait for.
+DAGS = {"wide_blocking": (False, 10), "wide_deferrable": (True, 30)}
 
 
 def _max_concurrent(tis: list[dict[str, Any]]) -> int:
@@ -54,8 +53,8 @@ def _max_concurrent(tis: list[dict[str, Any]]) -> int:
 @pytest.fixture(scope="module")
 def wide_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     dags = {
-        dag_id: WIDE_JOB.format(nodes=NODES, dag_id=dag_id, deferrable=deferrable, setup=setup)
-        for dag_id, (deferrable, setup) in DAGS.items()
+        dag_id: WIDE_JOB.format(nodes=NODES, dag_id=dag_id, deferrable=deferrable, sleep=sleep)
+        for dag_id, (deferrable, sleep) in DAGS.items()
     }
     config = {"pool_size": 2 * NODES, "pool_prefix": "wide", "log_phases": ["run_follow"], "timeout_s": 600}
     return run_celery_stack(tmp_path_factory.mktemp("wide"), dags, config)

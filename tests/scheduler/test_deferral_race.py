@@ -14,6 +14,9 @@ from airflow_sky.infra.local import daemon
 from airflow_sky.operators.provision import default_cluster_name
 from tests.scheduler.stack import run_stack, terminate_clusters
 
+# Runs of each DAG. Before the trigger's minimum wait, two runs in three failed: three catch a regression.
+RUNS = 3
+
 SHORT_JOB = """
 from airflow.sdk import DAG
 from airflow_sky import Task, sky_job
@@ -38,7 +41,7 @@ def test_short_phases_never_lose_to_the_resume_after_defer_race_deferrable_or_bl
         (home / "dags" / f"{dag_id}.py").write_text(
             SHORT_JOB.format(dag_id=dag_id, deferrable=deferrable, extra=extra)
         )
-    config = {"home": str(home), "batch": dict.fromkeys(dags, 5), "timeout_s": 1200}
+    config = {"home": str(home), "batch": dict.fromkeys(dags, RUNS), "timeout_s": 1200}
     try:
         report, log = run_stack(tmp_path, config, timeout_s=1500)
         assert "error" not in report, json.dumps(report, indent=1)[:8000] + log[-8000:]
@@ -49,16 +52,16 @@ def test_short_phases_never_lose_to_the_resume_after_defer_race_deferrable_or_bl
         ]
         mismatches = log.count("finished with state success, but the task instance's state attribute is")
         assert not failed, (
-            f"{len(failed)}/10 runs failed ({mismatches} state mismatches): {failed}\n{log[-8000:]}"
+            f"{len(failed)}/{2 * RUNS} runs failed ({mismatches} state mismatches): {failed}\n{log[-8000:]}"
         )
-        assert len(report["runs"]) == 10
+        assert len(report["runs"]) == 2 * RUNS
         logs_dir = home / "logs" / "dag_id=short_deferrable"
         task_logs = [p.read_text(errors="replace") for p in logs_dir.rglob("*.log")]
         deferrals = sum(text.count("waiting in the triggerer") for text in task_logs)
         # 8 follow tasks per run; one that starts after its phase's verdict has nothing to wait for.
-        assert deferrals >= 5 * 4, f"only {deferrals} deferrals in the deferrable runs' follow tasks"
+        assert deferrals >= RUNS * 4, f"only {deferrals} deferrals in the deferrable runs' follow tasks"
         print(
-            f"10/10 runs succeeded in {report['run_s']:.0f}s: {deferrals} deferrals, {mismatches} state mismatches"
+            f"{2 * RUNS}/{2 * RUNS} runs succeeded in {report['run_s']:.0f}s: {deferrals} deferrals, {mismatches} state mismatches"
         )
         for run in report["runs"]:
             cluster = default_cluster_name(run["dag_id"], run["run_id"])
