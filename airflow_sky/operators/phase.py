@@ -230,9 +230,13 @@ class SkyFollowOperator(_PhaseOperator):
 
     def _cancel_if_a_sibling_failed(self, context: Any, states: Any, job_id: int) -> None:
         ti = context["ti"]
-        failed = ti.get_ti_count(
-            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
-        )
+        try:
+            failed = ti.get_ti_count(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
+            )
+        except Exception as e:  # Airflow could not answer: following goes on, the next round asks again
+            self.log.warning("Could not ask Airflow for failed sibling tasks: %s", e)
+            return
         if failed:
             cancel_for_failed_sibling(states, job_id, self.log.warning)
 

@@ -183,9 +183,13 @@ class SkyFollowTrigger(BaseTrigger):
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        failed = RuntimeTaskInstance.get_ti_count(
-            dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
-        )
+        try:
+            failed = RuntimeTaskInstance.get_ti_count(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
+            )
+        except Exception as e:  # never fail the trigger over it: the next round asks again
+            self.log.warning("Could not ask Airflow for failed sibling tasks: %s", e)
+            return
         if failed:
             cancel_for_failed_sibling(job_states(self._hook().cluster), self.job_id, self.log.warning)
 

@@ -218,6 +218,8 @@ class _TaskInstanceAnswering:
 
     def get_ti_count(self, **query: object) -> int:
         self.asked.append(query)
+        if self.failed < 0:
+            raise ConnectionError("the API server did not answer")
         return self.failed
 
 
@@ -235,6 +237,8 @@ def test_a_follow_task_that_sees_a_failed_sibling_cancels_the_job_and_names_why(
     assert healthy.asked == [
         {"dag_id": "d", "task_ids": ["job.run_follow"], "run_ids": ["r"], "states": ["failed"]}
     ]
+    operator._cancel_if_a_sibling_failed({"ti": _TaskInstanceAnswering(failed=-1)}, states, handle.job_id)
+    assert states.require(handle.job_id).status is JobStatus.RUNNING  # no answer: following goes on
 
     operator._cancel_if_a_sibling_failed({"ti": _TaskInstanceAnswering(failed=1)}, states, handle.job_id)
     step = _rank_0_step(cluster, states, handle, operator)
