@@ -27,14 +27,10 @@ lint:
 typecheck:
 	$(BIN)/mypy
 
-## The end-to-end tests mostly wait on nodes and subprocesses: files run side by side, a file's tests in order.
-## The slowest files are named first so that they start first (pytest skips the paths it collected already).
-SLOW_TESTS := tests/scheduler/test_deferral_race.py tests/deploy/test_celery_deployment.py tests/deploy/test_wide_jobs.py \
-	tests/scheduler/test_real_scheduler.py \
-	tests/cli/test_jobs_cli.py tests/cli/test_launch_cli.py tests/dags/test_recovery.py \
-	tests/ssh/test_ssh_jobs.py tests/cli/test_autostop_cli.py tests/aws/test_aws_jobs.py tests/gcp/test_gcp_jobs.py
+## The end-to-end tests mostly wait on nodes and subprocesses: files run side by side, a file's tests in order;
+## the slowest files start first (tests/conftest.py: SLOWEST_FILES; xdist would reorder them without the flag).
 unit:
-	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(SLOW_TESTS) tests
+	$(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: bootstrap
 	$(BIN)/python bench/run_all.py

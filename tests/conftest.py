@@ -17,6 +17,25 @@ from airflow_sky.infra.local.cloud import LocalCloud
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# The end-to-end files that run longest, longest first. They are collected first, so that under
+# `pytest-xdist --dist loadfile --no-loadscope-reorder` (`make test`) each starts on a worker at once
+# instead of ending the run alone. Collection otherwise follows the directory tree, whatever the order of
+# the paths on the command line.
+SLOWEST_FILES = (
+    "tests/deploy/test_celery_deployment.py",
+    "tests/scheduler/test_deferral_race.py",
+    "tests/deploy/test_wide_jobs.py",
+    "tests/scheduler/test_real_scheduler.py",
+    "tests/cli/test_jobs_cli.py",
+    "tests/cli/test_launch_cli.py",
+    "tests/dags/test_recovery.py",
+    "tests/cli/test_autostop_cli.py",
+    "tests/aws/test_aws_jobs.py",
+    "tests/gcp/test_gcp_jobs.py",
+    "tests/ssh/test_ssh_jobs.py",
+    "tests/dags/test_sky_job_dag.py",
+)
+
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
 _STATE = Path(tempfile.mkdtemp(prefix="airflow-sky-tests-"))
 os.environ[layout.ROOT_ENV] = str(_STATE / "local")
@@ -65,3 +84,9 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[Callable[[int], tu
     for name in names:
         cloud.terminate(name)
         assert daemon.processes_with_marker(name) == [], f"processes of cluster {name} left behind"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slowest files first (SLOWEST_FILES), every other test in its collected order."""
+    rank = {path: i for i, path in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

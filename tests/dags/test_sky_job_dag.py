@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 from airflow_sky.infra.local import daemon, layout
@@ -92,3 +94,36 @@ def test_setup_failure_on_one_rank_ends_the_job_as_failed_setup_without_running(
     # The other ranks' hour-long setups were killed, not waited for.
     assert result.seconds < 120, result.seconds
     _assert_nothing_left("badsetup-c")
+
+
+def test_a_teardown_that_cannot_terminate_fails_the_run_even_when_the_job_succeeded(
+    run_dag, airflow_home, tmp_path
+):
+    from airflow_sky.infra.local.cloud import LocalCloud
+
+    source = _dag(
+        "unterminable", "unterminable-c", tmp_path, 2, "true", 'touch "$PROBE_DIR/ran-$SKYPILOT_NODE_RANK"'
+    )
+    source = "from tests.dags import unterminable\nunterminable.install()\n" + source
+    try:
+        result = run_dag("unterminable", source, env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        assert sorted(p.name for p in tmp_path.glob("ran-*")) == [
+            "ran-0",
+            "ran-1",
+        ]  # the job itself succeeded
+        assert "terminating unterminable-c was refused" in result.output
+        # Nodes left running must not look like a success: the run fails (the `terminated` leaf).
+        assert result.returncode != 0, result.output[-3000:]
+        db = Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db"
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            states = dict(
+                conn.execute(
+                    "SELECT task_id, state FROM task_instance WHERE dag_id = 'unterminable' AND map_index <= 0"
+                ).fetchall()
+            )
+        assert states["unterminable.run_follow"] == "success" and states["unterminable.collect"] == "success"
+        assert states["unterminable.teardown"] == "failed"
+        assert states["unterminable.terminated"] == "upstream_failed", states
+    finally:
+        LocalCloud().terminate("unterminable-c")
+    _assert_nothing_left("unterminable-c")

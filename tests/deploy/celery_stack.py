@@ -238,8 +238,9 @@ def airflow_env(root: Path, db_url: str, pool: SshdPool) -> dict[str, str]:
             "AIRFLOW_CONN_SKY_POOL": pool_connection(pool),
             # The local infra is one machine's: every worker shares its state root (a single-host deployment).
             "AIRFLOW_SKY_LOCAL_ROOT": str(root / "local-root"),
-            # The idle switch of an abandoned job fires within a minute (2 rounds of 15 s after its end).
-            "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "15",
+            # The idle switch of an abandoned job fires within 1-1.5 minutes of its end (at least 2 rounds of
+            # 30 s of idleness). Shorter, and a loaded machine's gaps between a job's tasks could trip it.
+            "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "30",
             "PYTHONPATH": os.pathsep.join([str(pylib), str(Path.cwd())]),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }

@@ -92,7 +92,7 @@ from airflow_sky.task import Resources
 task = Task(
     name="abandoned",
     num_nodes=2,
-    run='echo "rank $SKYPILOT_NODE_RANK up"; sleep 100',
+    run='echo "rank $SKYPILOT_NODE_RANK up"; sleep 150',  # still running when the other runs have ended
     resources=Resources(autostop={"idle_minutes": 0, "down": True}),
 )
 with DAG("celery_abandoned", schedule=None, catchup=False):
@@ -252,7 +252,7 @@ def test_a_run_whose_airflow_died_mid_job_is_stopped_by_the_idle_switch(stack_re
     cluster = abandoned["cluster"]
     try:
         # Nothing of Airflow is left to tear it down: the job ends, and autostop (idle 0, down) removes it.
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while daemon.processes_with_marker(cluster) and time.monotonic() < deadline:
             time.sleep(2)
         assert daemon.processes_with_marker(cluster) == []
