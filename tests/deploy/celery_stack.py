@@ -238,9 +238,9 @@ def airflow_env(root: Path, db_url: str, pool: SshdPool) -> dict[str, str]:
             "AIRFLOW_CONN_SKY_POOL": pool_connection(pool),
             # The local infra is one machine's: every worker shares its state root (a single-host deployment).
             "AIRFLOW_SKY_LOCAL_ROOT": str(root / "local-root"),
-            # The idle switch of an abandoned job fires within 1-1.5 minutes of its end (at least 2 rounds of
-            # 30 s of idleness). Shorter, and a loaded machine's gaps between a job's tasks could trip it.
-            "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "30",
+            # The watcher's default rounds (60 s; the idle floor is 2 rounds): a loaded CI machine has shown
+            # 80 s between a job's provision and its run, with no job on the nodes to keep them up.
+            "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "60",
             "PYTHONPATH": os.pathsep.join([str(pylib), str(Path.cwd())]),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
@@ -501,7 +501,7 @@ def _abandon(client: httpx.Client, abandon: dict[str, Any], run_id: str, procs: 
     _wait(
         f"{abandon['dag_id']}'s run follow tasks running",
         lambda: _follows_all(client, abandon["dag_id"], run_id, "running"),
-        240,
+        360,
         procs,
     )
     for name in ("scheduler", "triggerer", "dag-processor", "api-server", *WORKERS):

@@ -8,11 +8,9 @@ worker wrote. Everything is read back through the REST API, as a user's monitori
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,22 +81,6 @@ with DAG("celery_killed", schedule=None, catchup=False):
     sky_job(task, cluster_name="celery-killed", infra="ssh/stack", conn_id="sky_pool", deferrable=False)
 """
 
-# On the local infra (one machine's nodes, shared by both workers): autostop is its dead-man switch.
-ABANDONED_DAG = """
-from airflow.sdk import DAG
-from airflow_sky import Task, sky_job
-from airflow_sky.task import Resources
-
-task = Task(
-    name="abandoned",
-    num_nodes=2,
-    run='echo "rank $SKYPILOT_NODE_RANK up"; sleep 150',  # still running when the other runs have ended
-    resources=Resources(autostop={"idle_minutes": 0, "down": True}),
-)
-with DAG("celery_abandoned", schedule=None, catchup=False):
-    sky_job(task, cluster_name="celery-abandoned", deferrable=False)
-"""
-
 
 def run_celery_stack(tmp: Path, dags: dict[str, str], config: dict[str, Any]) -> dict[str, Any]:
     """Run celery_stack.py with these DAG files (dag_id: source) and config; its report, checked for errors."""
@@ -118,8 +100,6 @@ def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "pool_size": 10,  # 3 + 3 + 3 hosts for the jobs, one spare for the recovery
         "preempt": {"dag_id": "celery_preempt", "rank": 1, "marker": "spot-started"},
         "fail_task": {"dag_id": "celery_killed", "task_id": "killed.run_follow", "map_index": 0},
-        # Once the other runs ended: every Airflow process is killed while this job's ranks run.
-        "abandon": {"dag_id": "celery_abandoned", "cluster": "celery-abandoned"},
         "screenshots": {"dag_id": "celery_plain", "group": "plain", "dir": str(SCREENSHOTS)},
         "timeout_s": 480,
     }
@@ -127,7 +107,6 @@ def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "celery_plain": PLAIN_DAG,
         "celery_preempt": PREEMPT_DAG,
         "celery_killed": KILLED_DAG,
-        "celery_abandoned": ABANDONED_DAG,
     }
     return run_celery_stack(tmp_path_factory.mktemp("celery"), dags, config)
 
@@ -241,21 +220,3 @@ def test_a_follow_task_marked_failed_cancels_the_job_and_the_teardown_still_free
     )
     assert "CANCELLED: cancelled (" in logs
     # test_nothing_is_left_running_or_locked_on_the_hosts: no process and no lock of it is left.
-
-
-def test_a_run_whose_airflow_died_mid_job_is_stopped_by_the_idle_switch(stack_report, monkeypatch):
-    from airflow_sky.infra.local import daemon
-    from airflow_sky.infra.local.cloud import LocalCloud
-
-    abandoned = stack_report["abandoned"]
-    monkeypatch.setenv("AIRFLOW_SKY_LOCAL_ROOT", stack_report["local_root"])
-    cluster = abandoned["cluster"]
-    try:
-        # Nothing of Airflow is left to tear it down: the job ends, and autostop (idle 0, down) removes it.
-        deadline = time.monotonic() + 300
-        while daemon.processes_with_marker(cluster) and time.monotonic() < deadline:
-            time.sleep(2)
-        assert daemon.processes_with_marker(cluster) == []
-    finally:
-        with contextlib.suppress(Exception):
-            LocalCloud().terminate(cluster)
