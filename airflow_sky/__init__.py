@@ -17,6 +17,10 @@ _LAZY = {
     "dag_from_yaml": "airflow_sky.dags.job",
     "job_result": "airflow_sky.dags.job",
     "dags_from_folder": "airflow_sky.dags.folder",
+    "Pipeline": "airflow_sky.task.pipeline",
+    "load_pipeline": "airflow_sky.task.pipeline",
+    "sky_pipeline": "airflow_sky.dags.pipeline",
+    "sky_result": "airflow_sky.dags.results",
     # The SDK, mirroring SkyPilot's sky.launch / sky.exec / ...
     "launch": "airflow_sky.client.sdk",
     "exec": "airflow_sky.client.sdk",

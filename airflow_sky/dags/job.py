@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from datetime import timedelta
@@ -16,7 +17,9 @@ from typing import Any
 
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, TaskGroup, conf
+from airflow.sdk.definitions._internal.contextmanager import DagContext
 
+from airflow_sky.dags.results import register_sky_result
 from airflow_sky.errors import SpecError
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.infra.registry import check_connection
@@ -31,7 +34,9 @@ from airflow_sky.operators import (
     SkyTeardownOperator,
 )
 from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
+from airflow_sky.operators.provision import PipelineSlot
 from airflow_sky.task import Task
+from airflow_sky.task.yaml_io import parse_yaml_documents
 
 # The deadline of every step that is not the user's own script (setup and run take setup_timeout and
 # run_timeout). Generous: they cover a cloud's slow days, and only a hung step ever reaches them.
@@ -70,10 +75,12 @@ def sky_job(
     trigger_min_wait_s: float | None = None,
     setup_timeout: timedelta | None = None,
     run_timeout: timedelta | None = None,
+    pipeline: PipelineSlot | None = None,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
-    :param task: a Task, or the path of a task YAML.
+    :param task: a Task, or the path of a task YAML (a relative path is read against the directory of the
+        DAG file that calls sky_job, else the working directory).
     :param cluster_name: the cluster to launch or reuse; default: one per DAG run (`<dag>-<hash>`).
     :param infra: `local` (default), `ssh/<pool>`, `aws/<region>`, `gcp/<region>`; default: the task's
         `resources.infra`, else local.
@@ -96,6 +103,7 @@ def sky_job(
     :param setup_timeout: the longest a rank's setup may take (default: no limit, as in SkyPilot); past it
         the follow task fails and the job fails fast.
     :param run_timeout: the same for a rank's run (recoveries included).
+    :param pipeline: set by sky_pipeline: the job's place in a pipeline (SKYPILOT_TASK_IDS, its cluster).
 
     Every other step has a deadline of its own (STEP_TIMEOUTS): provisioning, syncing, starting, collecting
     and tearing down never wait forever.
@@ -105,7 +113,7 @@ def sky_job(
             "down=True needs follow_run=True: the cluster would be torn down under the running job"
         )
     if not isinstance(task, Task):
-        task = Task.from_yaml(task, env_overrides=env_overrides)
+        task = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
     elif env_overrides:
         task = task.update_envs(env_overrides)
     bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
@@ -122,6 +130,8 @@ def sky_job(
         follow_options["trigger_min_wait_s"] = trigger_min_wait_s
 
     with TaskGroup(group_id=group_id) as group:
+        if group.dag is not None:
+            register_sky_result(group.dag)
         provision = SkyProvisionOperator(
             task_id="provision",
             cluster_name=cluster_name,
@@ -129,6 +139,7 @@ def sky_job(
             down=down,
             must_exist=must_exist,
             retry_until_up=retry_until_up,
+            pipeline=pipeline,
             execution_timeout=None if retry_until_up else STEP_TIMEOUTS["provision"],
             **common,
         )
@@ -205,6 +216,38 @@ def sky_job(
     return group
 
 
+def resolve_task_path(path: str | os.PathLike[str]) -> Path:
+    """A task YAML's path: a relative one is read against the directory of the DAG file being parsed (the
+    dag-processor's working directory is not the DAG folder), else against the working directory."""
+    given = Path(path).expanduser()
+    if given.is_absolute():
+        return given
+    candidates = [Path(folder) / given for folder in _calling_dag_folders()]
+    candidates.append(Path.cwd() / given)
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    tried = " or ".join(str(c) for c in dict.fromkeys(candidates))
+    raise SpecError(f"{path}: no such task file (looked for {tried})")
+
+
+def _calling_dag_folders() -> list[str]:
+    """The folder of the DAG being defined, and of the first caller outside airflow-sky (the DAG file)."""
+    folders = []
+    dag = DagContext.get_current()
+    if dag is not None and getattr(dag, "fileloc", None):
+        folders.append(os.path.dirname(dag.fileloc))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(package + os.sep) and os.path.isfile(filename):
+            folders.append(os.path.dirname(filename))
+            break
+        frame = frame.f_back
+    return folders
+
+
 def check_runnable(task: Task) -> None:
     """Refuse, when the DAG is parsed, a job that Airflow's limits would stop mid-run.
 
@@ -240,14 +283,39 @@ def dag_from_yaml(
     env_overrides: dict[str, str] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
-    """A DAG holding one sky_job for the task YAML at `path` (DAG kwargs such as schedule pass through)."""
-    task = Task.from_yaml(path, env_overrides=env_overrides)
+    """A DAG holding one sky_job for the task YAML at `path` (DAG kwargs such as schedule pass through).
+
+    A pipeline file (several YAML documents) becomes one DAG of its jobs (see sky_pipeline).
+    """
+    from airflow_sky.dags.pipeline import dag_from_pipeline_file
+
+    resolved = resolve_task_path(path)
+    if is_pipeline_file(resolved):
+        if cluster_name is not None:
+            dag_kwargs.setdefault("job_kwargs", {})["cluster_name"] = cluster_name
+        return dag_from_pipeline_file(
+            resolved, dag_id=dag_id, infra=infra, down=down, env_overrides=env_overrides, **dag_kwargs
+        )
+    task = Task.from_yaml(resolved, env_overrides=env_overrides)
     dag_kwargs.setdefault("schedule", None)
     dag_kwargs.setdefault("catchup", False)
     dag_kwargs.setdefault("tags", ["airflow-sky"])
     with DAG(dag_id=dag_id or _group_id(task) or Path(path).stem, **dag_kwargs) as dag:
         sky_job(task, cluster_name=cluster_name, infra=infra, down=down)
     return dag
+
+
+def is_pipeline_file(path: str | os.PathLike[str]) -> bool:
+    """Whether a task YAML holds several documents (a pipeline); unreadable or invalid YAML says no (the
+    task loader then names the problem)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return False
+    try:
+        return len(parse_yaml_documents(text, str(path))) > 1
+    except SpecError:
+        return False
 
 
 def _group_id(task: Task) -> str:

@@ -45,6 +45,7 @@ class JobHandle:
     nodes: tuple[Node, ...]
     num_run_nodes: int
     generation: int = 0
+    sky_task_ids: tuple[str, ...] = ()  # in a pipeline: every task's SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS)
 
     @property
     def run_nodes(self) -> tuple[Node, ...]:
@@ -70,6 +71,8 @@ class JobHandle:
             "num_run_nodes": self.num_run_nodes,
             "generation": self.generation,
         }
+        if self.sky_task_ids:
+            data["sky_task_ids"] = list(self.sky_task_ids)
         if nodes:
             data["nodes"] = [n.to_dict() for n in self.nodes]
         return data
@@ -84,6 +87,7 @@ class JobHandle:
             nodes=tuple(Node.from_dict(n) for n in data.get("nodes") or ()),
             num_run_nodes=int(data["num_run_nodes"]),
             generation=int(data.get("generation", 0)),
+            sky_task_ids=tuple(data.get("sky_task_ids") or ()),
         )
 
 

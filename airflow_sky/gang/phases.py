@@ -55,7 +55,8 @@ def phase_env(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ran
     # What the infra really gave each node (a local node has none, whatever the task asked for).
     gpus = max(math.ceil(n.gpus) for n in nodes)
     build = envs.setup_envs if phase == "setup" else envs.run_envs
-    env = build(task, ips, cluster.info(), handle.sky_task_id, gpus)[[n.rank for n in nodes].index(rank)]
+    every_rank = build(task, ips, cluster.info(), handle.sky_task_id, gpus, handle.sky_task_ids)
+    env = every_rank[[n.rank for n in nodes].index(rank)]
     if phase == "run":
         env[RECOVERY_COUNT_ENV] = str(handle.generation)
     return env
@@ -88,8 +89,18 @@ def job_states(cluster: Cluster) -> js.JobStates:
     return js.JobStates(cluster.state_store())
 
 
-def register_job(cluster: Cluster, task: Task, nodes: list[Node], submit_key: str) -> JobHandle:
-    """Allocate the job's id in the cluster's job state (a retried provision gets the same id and TASK_ID)."""
+def register_job(
+    cluster: Cluster,
+    task: Task,
+    nodes: list[Node],
+    submit_key: str,
+    pipeline_task_ids: tuple[str, ...] = (),
+    pipeline_index: int = 0,
+) -> JobHandle:
+    """Allocate the job's id in the cluster's job state (a retried provision gets the same id and TASK_ID).
+
+    A pipeline's task takes its SKYPILOT_TASK_ID from `pipeline_task_ids[pipeline_index]`.
+    """
     if len(nodes) < task.num_nodes:
         raise ClusterError(f"cluster {cluster.name} has {len(nodes)} nodes; the task needs {task.num_nodes}")
     states = job_states(cluster)
@@ -105,7 +116,11 @@ def register_job(cluster: Cluster, task: Task, nodes: list[Node], submit_key: st
         },
     )
     submitted_at = datetime.fromisoformat(state.info["submitted_at"])
-    sky_task_id = state.info.get("sky_task_id") or envs.make_task_id(cluster.name, state.job_id, submitted_at)
+    sky_task_id = state.info.get("sky_task_id") or (
+        pipeline_task_ids[pipeline_index]
+        if pipeline_task_ids
+        else envs.make_task_id(cluster.name, state.job_id, submitted_at)
+    )
 
     def registered(current: js.JobState) -> js.JobState:
         if current.nodes:
@@ -113,7 +128,7 @@ def register_job(cluster: Cluster, task: Task, nodes: list[Node], submit_key: st
         return dataclasses.replace(
             current,
             status=JobStatus.PENDING,
-            info={**current.info, "sky_task_id": sky_task_id},
+            info={**current.info, "sky_task_id": sky_task_id, "sky_task_ids": list(pipeline_task_ids)},
             nodes=tuple(n.to_dict() for n in nodes),
         )
 
@@ -125,6 +140,7 @@ def register_job(cluster: Cluster, task: Task, nodes: list[Node], submit_key: st
         sky_task_id=sky_task_id,
         nodes=tuple(Node.from_dict(n) for n in state.nodes),
         num_run_nodes=task.num_nodes,
+        sky_task_ids=tuple(state.info.get("sky_task_ids") or pipeline_task_ids),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -10,11 +11,27 @@ from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.phases import check_exec_nodes, register_job
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.task.envs import pipeline_task_ids
 
 
-def default_cluster_name(dag_id: str, run_id: str) -> str:
-    """One cluster per DAG run, so overlapping runs never share nodes: `<dag>-<hash of run id>`."""
-    return sanitize_cluster_name(f"{dag_id[:28]}-{hashlib.sha1(run_id.encode()).hexdigest()[:6]}")
+def default_cluster_name(dag_id: str, run_id: str, job: str | None = None) -> str:
+    """One cluster per DAG run, so overlapping runs never share nodes: `<dag>-<hash of run id>`; a job of a
+    pipeline gets one of its own: `<dag>-<job>-<hash of run id>`."""
+    digest = hashlib.sha1(run_id.encode()).hexdigest()[:6]
+    if job is None:
+        return sanitize_cluster_name(f"{dag_id[:28]}-{digest}")
+    return sanitize_cluster_name(f"{dag_id[:16]}-{job[:16]}-{digest}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineSlot:
+    """Where a job sits in a pipeline: SKYPILOT_TASK_IDS names every task of it, and the job its own."""
+
+    name: str
+    index: int
+    task_names: tuple[str, ...]
+    task_ids: tuple[str, ...] = ()  # given (the CLI runs a pipeline's jobs as runs of their own), else
+    # derived from the DAG run, so every job of one run agrees on them
 
 
 class SkyProvisionOperator(SkyBaseOperator):
@@ -37,9 +54,11 @@ class SkyProvisionOperator(SkyBaseOperator):
         down: bool = True,
         must_exist: bool = False,
         retry_until_up: bool = False,
+        pipeline: PipelineSlot | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self.pipeline = pipeline
         self.must_exist = must_exist
         self.retry_until_up = retry_until_up
         self.cluster_name = cluster_name
@@ -49,7 +68,8 @@ class SkyProvisionOperator(SkyBaseOperator):
     def execute(self, context: Any) -> list[dict[str, Any]]:
         self.mask_secrets()
         run_id = context["run_id"]
-        name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id))
+        job = self.task_id.rsplit(".", 1)[0] if self.pipeline and "." in self.task_id else None
+        name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id, job))
         hook = SkyClusterHook(name, self.infra, self.conn_id)
         hook.check_autostop(self.sky_task)
         current = hook.nodes()
@@ -68,7 +88,12 @@ class SkyProvisionOperator(SkyBaseOperator):
             nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
             hook.arm_autostop(self.sky_task, nodes)
             handle = register_job(
-                hook.cluster, self.sky_task, nodes, submit_key=f"{self.dag_id}/{run_id}/{self.task_id}"
+                hook.cluster,
+                self.sky_task,
+                nodes,
+                submit_key=f"{self.dag_id}/{run_id}/{self.task_id}",
+                pipeline_task_ids=self._pipeline_task_ids(context),
+                pipeline_index=self.pipeline.index if self.pipeline else 0,
             )
         except BaseException:
             if not existed:  # half a cluster runs no job: nothing of this run's may be left behind
@@ -83,3 +108,14 @@ class SkyProvisionOperator(SkyBaseOperator):
         # Without the nodes: every task renders this XCom as a template field, and the job state has them.
         context["ti"].xcom_push(key="handle", value=handle.to_dict(nodes=False))
         return [n.to_dict() for n in handle.nodes]
+
+    def _pipeline_task_ids(self, context: Any) -> tuple[str, ...]:
+        """In a pipeline: every task's SKYPILOT_TASK_ID, the same in each of the run's provision tasks."""
+        if self.pipeline is None:
+            return ()
+        if self.pipeline.task_ids:
+            return self.pipeline.task_ids
+        dag_run = context["dag_run"]
+        started = dag_run.run_after or dag_run.logical_date
+        run_key = hashlib.sha1(f"{self.dag_id}/{dag_run.run_id}".encode()).hexdigest()[:6]
+        return tuple(pipeline_task_ids(self.pipeline.name, self.pipeline.task_names, started, run_key))

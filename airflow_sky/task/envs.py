@@ -36,6 +36,18 @@ def make_task_id(cluster_name: str, job_id: int, submitted_at: datetime) -> str:
     return f"sky-{submitted_at:%Y-%m-%d-%H-%M-%S-%f}_{cluster_name}_{job_id}"
 
 
+def pipeline_task_ids(
+    pipeline: str, task_names: Sequence[str], started_at: datetime, run_key: str
+) -> list[str]:
+    """Each pipeline task's SKYPILOT_TASK_ID, known before the first one starts (SKYPILOT_TASK_IDS lists
+    them all): `sky-<%Y-%m-%d-%H-%M-%S-%f>_<pipeline>_<task>_<run key>-<index>`, as SkyPilot's managed
+    pipelines name them, with the run's key (unique per DAG run) where SkyPilot has its job id."""
+    return [
+        f"sky-{started_at:%Y-%m-%d-%H-%M-%S-%f}_{pipeline}_{name}_{run_key}-{index}"
+        for index, name in enumerate(task_names)
+    ]
+
+
 def cluster_info_json(cluster: ClusterInfo) -> str:
     """SKYPILOT_CLUSTER_INFO: JSON with cluster_name, cloud, region and zone."""
     return json.dumps(
@@ -49,20 +61,31 @@ def cluster_info_json(cluster: ClusterInfo) -> str:
 
 
 def run_envs(
-    task: Task, node_ips: Sequence[str], cluster: ClusterInfo, task_id: str, num_gpus_per_node: int
+    task: Task,
+    node_ips: Sequence[str],
+    cluster: ClusterInfo,
+    task_id: str,
+    num_gpus_per_node: int,
+    task_ids: Sequence[str] = (),
 ) -> list[dict[str, str]]:
     """The run script's env for each node, in rank order; node_ips[0] is the head (rank 0).
 
     `node_ips` are the internal IPs of the nodes the task runs on; their count is SKYPILOT_NUM_NODES.
+    `task_ids`: in a pipeline, every task's SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS, one per line).
     """
-    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, setup=False)
+    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, task_ids, setup=False)
 
 
 def setup_envs(
-    task: Task, node_ips: Sequence[str], cluster: ClusterInfo, task_id: str, num_gpus_per_node: int
+    task: Task,
+    node_ips: Sequence[str],
+    cluster: ClusterInfo,
+    task_id: str,
+    num_gpus_per_node: int,
+    task_ids: Sequence[str] = (),
 ) -> list[dict[str, str]]:
     """The setup script's env for each node, in rank order (SKYPILOT_SETUP_* names for rank, IPs, GPUs)."""
-    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, setup=True)
+    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, task_ids, setup=True)
 
 
 def _node_envs(
@@ -71,6 +94,7 @@ def _node_envs(
     cluster: ClusterInfo,
     task_id: str,
     num_gpus_per_node: int,
+    task_ids: Sequence[str],
     *,
     setup: bool,
 ) -> list[dict[str, str]]:
@@ -87,6 +111,8 @@ def _node_envs(
         "SKYPILOT_CLUSTER_INFO": cluster_info_json(cluster),
         "PYTHONUNBUFFERED": "1",
     }
+    if task_ids:
+        shared["SKYPILOT_TASK_IDS"] = "\n".join(task_ids)
     user = task.envs_and_secrets
     return [{**user, f"{prefix}NODE_RANK": str(rank), **shared} for rank in range(len(node_ips))]
 

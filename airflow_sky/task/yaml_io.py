@@ -32,8 +32,11 @@ def _construct_mapping(
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def parse_yaml(text: str, source: str) -> Any:
-    """Parse one YAML document safely; an empty document is {}. Errors name `source` and the line."""
+def parse_yaml_documents(text: str, source: str) -> list[Any]:
+    """Parse every YAML document of `text` safely; empty documents (a trailing `---`) are dropped.
+
+    Errors name `source` and the line.
+    """
     try:
         documents = list(yaml.load_all(text, Loader=_UniqueKeyLoader))  # a SafeLoader subclass
     except yaml.YAMLError as e:
@@ -41,12 +44,18 @@ def parse_yaml(text: str, source: str) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e)
         raise SpecError(one_line(f"{source}: {where}invalid YAML: {problem}")) from e
+    return [document for document in documents if document is not None]
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse a one-document YAML (one task) safely; an empty document is {}. Errors name `source` and line."""
+    documents = parse_yaml_documents(text, source)
     if len(documents) > 1:
         raise SpecError(
-            f"{source}: found {len(documents)} YAML documents ('---'); a task file holds one task "
-            "(multi-task pipelines are not supported)"
+            f"{source}: found {len(documents)} YAML documents ('---'): that is a pipeline, not one task; "
+            "load it with airflow_sky.load_pipeline() or sky_pipeline(), or run it with `airflow-sky launch`"
         )
-    return {} if not documents or documents[0] is None else documents[0]
+    return documents[0] if documents else {}
 
 
 class _Dumper(yaml.SafeDumper):
