@@ -41,6 +41,12 @@ class LaunchOptions:
     must_exist: bool = False  # True: `exec` runs only on a cluster that is already up
     retry_until_up: bool = False  # `--retry-until-up`: no capacity anywhere is retried, not a failure
     follow: bool = True  # False: `--detach-run`, the launch returns once the run started
+    # A pipeline's job (the CLI runs each as a launch of its own): the pipeline's name, the job's index,
+    # and every task's name and SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS).
+    pipeline_name: str | None = None
+    pipeline_index: int = 0
+    pipeline_task_names: tuple[str, ...] = ()
+    pipeline_task_ids: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -54,6 +60,7 @@ class JobOutcome:
     exit_codes: dict[str, dict[int, int | None]]  # "setup"/"run" -> rank -> exit code
     failures: list[str]
     handle: JobHandle | None = None
+    result: Any = None  # the head's return.json (collect's XCom), None without one
 
 
 def private_airflow_home() -> Path:
@@ -175,9 +182,18 @@ def dag_from_spec_file(spec_path: str) -> Any:
     from airflow.sdk import DAG
 
     from airflow_sky.dags.job import sky_job
+    from airflow_sky.operators.provision import PipelineSlot
 
     spec = json.loads(Path(spec_path).read_text())
     options = LaunchOptions(**spec["options"])
+    pipeline = None
+    if options.pipeline_name is not None:
+        pipeline = PipelineSlot(
+            options.pipeline_name,
+            options.pipeline_index,
+            tuple(options.pipeline_task_names),
+            tuple(options.pipeline_task_ids),
+        )
     # A SkyPilot task as written: `{{ }}` in a script is the script's business, not a template.
     task = keep_literal(Task.from_dict(spec["task"], base_dir=spec["base_dir"]))
     with DAG(spec["dag_id"], schedule=None, catchup=False, tags=["airflow-sky", "launch"]) as dag:
@@ -193,6 +209,7 @@ def dag_from_spec_file(spec_path: str) -> Any:
             group_id="job",
             # The CLI prints every node's log as the follow tasks read it; waiting in a trigger would not.
             deferrable=False,
+            pipeline=pipeline,
         )
     return dag
 
@@ -286,6 +303,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
         exit_codes=recorder.exit_codes,
         failures=recorder.failures,
         handle=recorder.handle,
+        result=recorder.result,
     )
 
 
@@ -298,9 +316,12 @@ class _Recorder:
         self.step_times: dict[str, tuple[float, float | None]] = {}
         self.exit_codes: dict[str, dict[int, int | None]] = {"setup": {}, "run": {}}
         self.failures: list[str] = []
+        self.result: Any = None
 
     def __call__(self, event: events.Event) -> None:
-        if event.kind == "job":
+        if event.kind == "result":
+            self.result = event.data.get("value")
+        elif event.kind == "job":
             self.handle = JobHandle.from_dict(event.data)
             self.job_id = self.handle.job_id
         elif event.kind == "task_started":

@@ -60,6 +60,10 @@ class TaskEvents:
             nodes = task_instance.xcom_pull(task_ids=task_instance.task_id)
             if handle:
                 self._sink(Event("job", step, data={**handle, "nodes": list(nodes or [])}))
+        if step == "collect":  # the job's result (the head's return.json), for a pipeline's next job
+            self._sink(
+                Event("result", step, data={"value": task_instance.xcom_pull(task_ids=task_instance.task_id)})
+            )
         self._sink(Event("task_done", step, rank))
         if step.endswith("_follow") and rank is not None:
             self._sink(Event("exit", step, rank, exit_code=0))

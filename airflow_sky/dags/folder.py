@@ -106,10 +106,10 @@ def dag_from_task_file(path: Path) -> Any:
     """One task YAML, or pipeline YAML, (with its sidecar) as a DAG; raises SpecError naming file and field."""
     from airflow.sdk import DAG
 
-    from airflow_sky.dags.job import is_pipeline_file, sky_job
+    from airflow_sky.dags.job import sky_job
     from airflow_sky.dags.pipeline import sky_pipeline
     from airflow_sky.task import Task
-    from airflow_sky.task.pipeline import Pipeline
+    from airflow_sky.task.pipeline import Pipeline, is_pipeline_file
 
     settings = read_sidecar(
         path.with_name(path.name.removesuffix(".yaml").removesuffix(".yml") + SIDECAR_SUFFIX)

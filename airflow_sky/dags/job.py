@@ -36,7 +36,7 @@ from airflow_sky.operators import (
 from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
 from airflow_sky.operators.provision import PipelineSlot
 from airflow_sky.task import Task
-from airflow_sky.task.yaml_io import parse_yaml_documents
+from airflow_sky.task.pipeline import is_pipeline_file
 
 # The deadline of every step that is not the user's own script (setup and run take setup_timeout and
 # run_timeout). Generous: they cover a cloud's slow days, and only a hung step ever reaches them.
@@ -303,19 +303,6 @@ def dag_from_yaml(
     with DAG(dag_id=dag_id or _group_id(task) or Path(path).stem, **dag_kwargs) as dag:
         sky_job(task, cluster_name=cluster_name, infra=infra, down=down)
     return dag
-
-
-def is_pipeline_file(path: str | os.PathLike[str]) -> bool:
-    """Whether a task YAML holds several documents (a pipeline); unreadable or invalid YAML says no (the
-    task loader then names the problem)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError:
-        return False
-    try:
-        return len(parse_yaml_documents(text, str(path))) > 1
-    except SpecError:
-        return False
 
 
 def _group_id(task: Task) -> str:

@@ -180,6 +180,19 @@ def job_id_for(name: str) -> str:
     return _GROUP_UNSAFE.sub("_", name) or "sky_job"
 
 
+def is_pipeline_file(path: str | os.PathLike[str]) -> bool:
+    """Whether a task YAML holds several documents (a pipeline); unreadable or invalid YAML says no (the
+    task loader then names the problem)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return False
+    try:
+        return len(parse_yaml_documents(text, str(path))) > 1
+    except SpecError:
+        return False
+
+
 def load_pipeline(
     path: str | os.PathLike[str],
     env_overrides: Mapping[str, str] | None = None,

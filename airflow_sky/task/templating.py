@@ -8,12 +8,20 @@ things keep that from breaking ordinary scripts:
   rendering (protect_shell_syntax).
 - A task run from the CLI (`airflow-sky launch task.yaml`) is a SkyPilot task, not a template: a
   `docker ps --format '{{.Names}}'` in it must reach the node as written. The CLI marks every templated
-  field literal (keep_literal).
+  field literal (keep_literal). Only `{{ sky_result('job') ... }}` expressions, an earlier pipeline job's
+  result, are rendered first (render_results).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import SandboxedEnvironment
+
+from airflow_sky.errors import SpecError
 
 if TYPE_CHECKING:
     from airflow_sky.task import Task
@@ -48,6 +56,40 @@ def keep_literal(task: Task) -> Task:
     for values in (task.envs, task.secrets):
         for key, value in values.items():
             values[key] = as_literal(value) or ""
+    return task
+
+
+_SKY_RESULT = re.compile(r"\{\{\s*sky_result\s*\(.*?\}\}", re.DOTALL)
+
+
+def render_results(task: Task, results: Mapping[str, Any]) -> Task:
+    """Render each `{{ sky_result('job') ... }}` in `task`'s scripts, envs and secrets from `results`
+    ({job id: result}, the earlier jobs of a pipeline run outside Airflow's templating); the rest of the
+    text stays as written. A job without a result renders as None, as in a DAG."""
+    from airflow_sky.task.pipeline import job_id_for
+
+    environment = SandboxedEnvironment()
+
+    def sky_result(job: str) -> Any:
+        return results.get(job_id_for(job))
+
+    def render(text: str | None) -> str | None:
+        if text is None or "sky_result" not in text:
+            return text
+
+        def one(match: re.Match[str]) -> str:
+            try:
+                return environment.from_string(match.group(0)).render(sky_result=sky_result)
+            except TemplateError as e:
+                raise SpecError(f"{task.name or 'task'}: cannot render {match.group(0)!r}: {e}") from e
+
+        return _SKY_RESULT.sub(one, text)
+
+    task.setup = render(task.setup)
+    task.run = render(task.run)
+    for values in (task.envs, task.secrets):
+        for key, value in values.items():
+            values[key] = render(value) or ""
     return task
 
 
