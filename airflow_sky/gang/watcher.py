@@ -48,6 +48,24 @@ def cancel_for_failed_sibling(states: js.JobStates, job_id: int, log: Callable[[
         log(f"Cancelling job {job_id}: {reason}")
 
 
+def cancel_if_a_sibling_failed(
+    count_failed: Callable[[], int],
+    states: Callable[[], js.JobStates],
+    job_id: int,
+    log: Callable[[str], object],
+) -> None:
+    """One sibling check of a follow task or its trigger: ask Airflow how many of the phase's follow tasks
+    failed (`count_failed`), and cancel the job if any did. A failed question is logged and never fails the
+    caller: the next round asks again."""
+    try:
+        failed = count_failed()
+    except Exception as e:  # Airflow could not answer: following goes on
+        log(f"Could not ask Airflow for failed sibling tasks: {e}")
+        return
+    if failed:
+        cancel_for_failed_sibling(states(), job_id, log)
+
+
 def fail_always(state: js.JobState, rank: int, code: int | None, unhealthy: list[int]) -> Decision:
     """Setup (and a detached job): every fault fails the phase."""
     return Decision(Action.FAIL, "")

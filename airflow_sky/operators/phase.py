@@ -22,7 +22,7 @@ from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.gang.phases import job_states, kill_rank, read_result, start_rank
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.gang.relaunch import follow_relaunch, job_nodes
-from airflow_sky.gang.watcher import Triage, cancel_for_failed_sibling, fail_always, recovery_triage
+from airflow_sky.gang.watcher import Triage, cancel_if_a_sibling_failed, fail_always, recovery_triage
 from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.links import SkyNodeConsoleLink
 from airflow_sky.task.redaction import sensitive_values, task_redactor
@@ -230,15 +230,14 @@ class SkyFollowOperator(_PhaseOperator):
 
     def _cancel_if_a_sibling_failed(self, context: Any, states: Any, job_id: int) -> None:
         ti = context["ti"]
-        try:
-            failed = ti.get_ti_count(
+        cancel_if_a_sibling_failed(
+            lambda: ti.get_ti_count(
                 dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
-            )
-        except Exception as e:  # Airflow could not answer: following goes on, the next round asks again
-            self.log.warning("Could not ask Airflow for failed sibling tasks: %s", e)
-            return
-        if failed:
-            cancel_for_failed_sibling(states, job_id, self.log.warning)
+            ),
+            lambda: states,
+            job_id,
+            self.log.warning,
+        )
 
     def _defer(self, context: Any, handle: JobHandle, nodes: list[Any], generation: int, offset: int) -> None:
         self.log.info("Rank %s is running: waiting in the triggerer (no worker slot held)", self.node["rank"])

@@ -25,7 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_sky.gang import state as js
 from airflow_sky.gang.follow import RankFollower
 from airflow_sky.gang.phases import job_states, kill_rank
-from airflow_sky.gang.watcher import cancel_for_failed_sibling, fail_always, recovery_triage
+from airflow_sky.gang.watcher import cancel_if_a_sibling_failed, fail_always, recovery_triage
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.infra.base import Node
 from airflow_sky.task import JobRecovery
@@ -183,15 +183,14 @@ class SkyFollowTrigger(BaseTrigger):
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        try:
-            failed = RuntimeTaskInstance.get_ti_count(
+        cancel_if_a_sibling_failed(
+            lambda: RuntimeTaskInstance.get_ti_count(
                 dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
-            )
-        except Exception as e:  # never fail the trigger over it: the next round asks again
-            self.log.warning("Could not ask Airflow for failed sibling tasks: %s", e)
-            return
-        if failed:
-            cancel_for_failed_sibling(job_states(self._hook().cluster), self.job_id, self.log.warning)
+            ),
+            lambda: job_states(self._hook().cluster),
+            self.job_id,
+            self.log.warning,
+        )
 
     async def on_kill(self) -> None:
         """The deferred task was marked failed or cleared: cancel the job, as the task's on_kill does."""
