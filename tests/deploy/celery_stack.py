@@ -542,4 +542,7 @@ def main(config_path: str, report_path: str) -> int:
 
 
 if __name__ == "__main__":
+    from tests.scheduler.stack import stop_on_sigterm
+
+    stop_on_sigterm()
     sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -251,5 +251,11 @@ def main(config_path: str, report_path: str) -> int:
     return 0
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """A test that timed out sends SIGTERM: exit through `finally`, which stops the Airflow stack."""
+    raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.exit(main(sys.argv[1], sys.argv[2]))
