@@ -103,6 +103,11 @@ class RankFollower:
     def failed_status(self) -> JobStatus:
         return JobStatus.FAILED_SETUP if self.phase == "setup" else JobStatus.FAILED
 
+    @property
+    def holds_watch(self) -> bool:
+        """Whether this follower held the phase's watch lease at its last state read (it acts for them all)."""
+        return self.state is not None and self.state.watcher(self.watcher.key, time.time()) == self.owner
+
     def close(self) -> None:
         self.watcher.close()
         self.own.close()

@@ -216,8 +216,8 @@ class SkyFollowOperator(_PhaseOperator):
             step = follower.step()
             if step is not None:
                 return step
-            if time.monotonic() - checked >= SIBLING_CHECK_S:
-                checked = time.monotonic()
+            if follower.holds_watch and time.monotonic() - checked >= SIBLING_CHECK_S:
+                checked = time.monotonic()  # only the watch holder asks Airflow: 1 request per phase
                 self._cancel_if_a_sibling_failed(context, follower.states, handle.job_id)
             waited = time.monotonic() - started
             if self.deferrable and not follower.behind and (deferred_before or waited >= self.defer_after_s):

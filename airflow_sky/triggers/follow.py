@@ -168,8 +168,8 @@ class SkyFollowTrigger(BaseTrigger):
                         {"reason": reason, "generation": self.generation, "offset": follower.line_offset}
                     )
                     return
-                if time.monotonic() - checked >= SIBLING_CHECK_S:
-                    checked = time.monotonic()
+                if follower.holds_watch and time.monotonic() - checked >= SIBLING_CHECK_S:
+                    checked = time.monotonic()  # only the watch holder asks Airflow: 1 request per phase
                     await _in_thread(self._cancel_if_a_sibling_failed)
                 if not follower.behind:
                     await asyncio.sleep(self.poll_interval_s)
