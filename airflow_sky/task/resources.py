@@ -13,6 +13,7 @@ from airflow_sky.task.diagnostics import PYTHON_SOURCE, PathPart, SpecContext, f
 from airflow_sky.task.fields import Count
 from airflow_sky.task.schema import (
     INERT_RESOURCE_FIELDS,
+    INTERNAL_RESOURCE_FIELDS,
     JOB_RECOVERY_STRATEGIES,
     RESOURCES_SCHEMA,
     SINGLE_RESOURCES_SCHEMA,
@@ -60,10 +61,13 @@ def _check_strategy(strategy: str | None, ctx: SpecContext, path: Sequence[PathP
         raise ctx.error(path, f"unknown strategy {strategy!r}; allowed: {allowed} (or null for the default)")
 
 
-def _parse_job_recovery(value: Any, ctx: SpecContext, path: Sequence[PathPart]) -> JobRecovery:
+def _parse_job_recovery(value: Any, ctx: SpecContext, path: Sequence[PathPart]) -> JobRecovery | None:
+    """A strategy name or mapping -> JobRecovery; strategy `none` (SkyPilot: no policy given) -> None."""
     data = {"strategy": value} if isinstance(value, str) else dict(value)
     strategy = data.get("strategy")
     strategy = strategy.strip().upper() if isinstance(strategy, str) else None
+    if strategy == "NONE":
+        return None  # SkyPilot drops the whole policy (restarts and exit codes too) for `none`
     _check_strategy(strategy, ctx, [*path, "strategy"] if not isinstance(value, str) else path)
     codes: Any = data.get("recover_on_exit_codes", ())
     return JobRecovery(
@@ -85,11 +89,11 @@ class Resources:
     zone: str | None
     cpus: str | None
     memory: str | None
-    accelerators: dict[str, Count] | None
+    _accelerators: fields.Accelerators | None  # (name, count) candidates; see accelerator_candidates
     accelerators_ordered: bool  # given as a list: try the candidates in that order
     instance_type: str | None
     use_spot: bool | None
-    disk_size: int | None
+    disk_size: int | None  # GB
     job_recovery: JobRecovery | None
     ports: tuple[str, ...] | None
     image_id: str | dict[str, Any] | None
@@ -99,6 +103,8 @@ class Resources:
     network_tier: str | None
     autostop: dict[str, Any] | bool | None  # False: off; else {"idle_minutes", "down", "wait_for"}
     accelerator_args: dict[str, Any] | None
+    priority: int | None
+    volumes: list[dict[str, Any]] | None
     any_of: tuple[Resources, ...]
     ordered: tuple[Resources, ...]
 
@@ -108,13 +114,15 @@ class Resources:
         cpus: int | float | str | None = None,
         memory: int | float | str | None = None,
         accelerators: str | Mapping[str, Count | None] | Sequence[str] | None = None,
+        gpus: str | Mapping[str, Count | None] | Sequence[str] | None = None,
+        spot_recovery: JobRecovery | str | Mapping[str, Any] | None = None,
         use_spot: bool | None = None,
         instance_type: str | None = None,
         infra: str | None = None,
         cloud: str | None = None,
         region: str | None = None,
         zone: str | None = None,
-        disk_size: int | None = None,
+        disk_size: int | str | None = None,
         job_recovery: JobRecovery | str | Mapping[str, Any] | None = None,
         ports: int | str | Sequence[int | str] | None = None,
         image_id: str | Mapping[str, Any] | None = None,
@@ -123,6 +131,8 @@ class Resources:
         network_tier: str | None = None,
         autostop: Any = None,
         accelerator_args: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        volumes: Sequence[Mapping[str, Any]] | None = None,
         any_of: Sequence[Resources | Mapping[str, Any]] | None = None,
         ordered: Sequence[Resources | Mapping[str, Any]] | None = None,
     ):
@@ -148,8 +158,11 @@ class Resources:
     def _load(
         self, config: Mapping[str, Any], ctx: SpecContext, path: Sequence[PathPart], *, top: bool
     ) -> None:
-        config = {key: value for key, value in config.items() if value is not None}
+        config = _without_nulls(config)
+        _refuse_internal(config, ctx, path)
         validate(config, RESOURCES_SCHEMA if top else SINGLE_RESOURCES_SCHEMA, ctx, path)
+        config = _resolve_alias(config, "gpus", "accelerators", ctx, path)
+        config = _resolve_alias(config, "spot_recovery", "job_recovery", ctx, path)
         self.cloud, self.region, self.zone = fields.parse_infra(config, ctx, path)
         cpus, memory = config.get("cpus"), config.get("memory")
         self.cpus = None if cpus is None else fields.parse_amount(cpus, ctx, [*path, "cpus"], memory=False)
@@ -158,15 +171,20 @@ class Resources:
         )
         accelerators = config.get("accelerators")
         # SkyPilot: a list of candidates is a preference order; a mapping or set, any (the cheapest).
-        self.accelerators_ordered = isinstance(accelerators, list | tuple) and len(accelerators) > 1
-        self.accelerators = (
+        self._accelerators = (
             None
             if accelerators is None
             else fields.parse_accelerators(accelerators, ctx, [*path, "accelerators"])
         )
+        self.accelerators_ordered = (
+            isinstance(accelerators, list | tuple) and len(self._accelerators or ()) > 1
+        )
         self.instance_type = config.get("instance_type")
         self.use_spot = config.get("use_spot")
-        self.disk_size = config.get("disk_size")
+        disk_size = config.get("disk_size")
+        self.disk_size = (
+            None if disk_size is None else fields.parse_disk_size(disk_size, ctx, [*path, "disk_size"])
+        )
         recovery = config.get("job_recovery")
         self.job_recovery = (
             None if recovery is None else _parse_job_recovery(recovery, ctx, [*path, "job_recovery"])
@@ -175,16 +193,20 @@ class Resources:
         self.ports = None if ports is None else fields.parse_ports(ports, ctx, [*path, "ports"])
         self.image_id = copy.deepcopy(config.get("image_id"))
         self.labels = copy.deepcopy(config.get("labels"))
-        self.disk_tier = config.get("disk_tier")
-        self.network_tier = config.get("network_tier")
+        self.disk_tier = _tier(config, "disk_tier", fields.DISK_TIERS, ctx, path)
+        self.network_tier = _tier(config, "network_tier", fields.NETWORK_TIERS, ctx, path)
         autostop = config.get("autostop")
         self.autostop = (
             None if autostop is None else fields.parse_autostop(autostop, ctx, [*path, "autostop"])
         )
         self.accelerator_args = copy.deepcopy(config.get("accelerator_args"))
+        self.priority = config.get("priority")
+        self.volumes = copy.deepcopy(config.get("volumes"))
         for key in INERT_RESOURCE_FIELDS:
             if key in config:
                 ctx.note_inert([*path, key])
+        if isinstance(self.autostop, dict) and "hook" in self.autostop:
+            ctx.note_inert([*path, "autostop", "hook"])
         self.any_of = self._alternatives(config, "any_of", ctx, path)
         self.ordered = self._alternatives(config, "ordered", ctx, path)
         if self.any_of and self.ordered:
@@ -192,9 +214,15 @@ class Resources:
                 [*path, "any_of"],
                 f"cannot be combined with {format_path([*path, 'ordered'])}; use one of them",
             )
-        if self.ordered and self.accelerators and len(self.accelerators) > 1:
+        if self.ordered and self._accelerators and len(self._accelerators) > 1:
             raise ctx.error(
                 [*path, "accelerators"], "several accelerator candidates cannot be combined with `ordered`"
+            )
+        if self.any_of and self.accelerators_ordered:
+            raise ctx.error(
+                [*path, "accelerators"],
+                "a list of accelerators (an order of preference) cannot be combined with `any_of`; "
+                "give them as a set {A: n, B: m}",
             )
 
     @staticmethod
@@ -210,8 +238,8 @@ class Resources:
             "infra": fields.format_infra(self.cloud, self.region, self.zone),
             "cpus": self.cpus,
             "memory": self.memory,
-            "accelerators": fields.format_accelerators(self.accelerators, self.accelerators_ordered)
-            if self.accelerators
+            "accelerators": fields.format_accelerators(self._accelerators, self.accelerators_ordered)
+            if self._accelerators
             else None,
             "instance_type": self.instance_type,
             "use_spot": self.use_spot,
@@ -224,6 +252,8 @@ class Resources:
             "network_tier": self.network_tier,
             "autostop": copy.deepcopy(self.autostop),
             "accelerator_args": copy.deepcopy(self.accelerator_args),
+            "priority": self.priority,
+            "volumes": copy.deepcopy(self.volumes),
             "any_of": [r.to_dict() for r in self.any_of] or None,
             "ordered": [r.to_dict() for r in self.ordered] or None,
         }
@@ -243,19 +273,39 @@ class Resources:
         return fields.format_infra(self.cloud, self.region, self.zone)
 
     @property
+    def accelerators(self) -> dict[str, Count] | None:
+        """{name: count} of the accelerator candidates (a GPU given at several counts: its first count;
+        `accelerator_candidates` has them all)."""
+        if not self._accelerators:
+            return None
+        result: dict[str, Count] = {}
+        for name, count in self._accelerators:
+            result.setdefault(name, count)
+        return result
+
+    @accelerators.setter
+    def accelerators(self, value: Mapping[str, Count] | None) -> None:
+        self._accelerators = None if value is None else tuple(value.items())
+
+    @property
+    def accelerator_candidates(self) -> tuple[tuple[str, Count], ...]:
+        """Every (name, count) accelerator candidate, in the given order; () without accelerators."""
+        return self._accelerators or ()
+
+    @property
     def accelerator_name(self) -> str | None:
         """Name of the first accelerator candidate (this resource's own, else the first alternative's)."""
         first = self._first_accelerated()
-        return next(iter(first.accelerators)) if first and first.accelerators else None
+        return first.accelerator_candidates[0][0] if first and first._accelerators else None
 
     @property
     def accelerator_count(self) -> Count:
         """Count of the first accelerator candidate; 0 without accelerators. May be fractional (0.5)."""
         first = self._first_accelerated()
-        return next(iter(first.accelerators.values())) if first and first.accelerators else 0
+        return first.accelerator_candidates[0][1] if first and first._accelerators else 0
 
     def _first_accelerated(self) -> Resources | None:
-        return next((r for r in self.candidates() if r.accelerators), None)
+        return next((r for r in self.candidates() if r._accelerators), None)
 
     def candidates(self) -> list[Resources]:
         """Each concrete alternative: any_of/ordered entries merged over this one, one per accelerator.
@@ -265,12 +315,12 @@ class Resources:
         merged = [self._merged(alt) for alt in (self.any_of or self.ordered)] or [self._bare()]
         result: list[Resources] = []
         for resource in merged:
-            if not resource.accelerators or len(resource.accelerators) == 1:
+            if not resource._accelerators or len(resource._accelerators) == 1:
                 result.append(resource)
                 continue
-            for name, count in resource.accelerators.items():
+            for candidate in resource._accelerators:
                 single = copy.copy(resource)
-                single.accelerators = {name: count}
+                single._accelerators = (candidate,)
                 result.append(single)
         return result
 
@@ -282,10 +332,12 @@ class Resources:
     def _merged(self, alternative: Resources) -> Resources:
         merged = self._bare()
         for key, value in vars(alternative).items():
-            if key == "accelerators_ordered" and alternative.accelerators is None:
+            if key == "accelerators_ordered" and alternative._accelerators is None:
                 continue  # the order belongs to the accelerators it came with
             if value is not None and key not in ("any_of", "ordered"):
                 setattr(merged, key, copy.deepcopy(value))
+        if self.labels and alternative.labels:  # SkyPilot merges labels (the alternative's win)
+            merged.labels = {**self.labels, **alternative.labels}
         if alternative.cloud is not None:  # a cloud in the alternative replaces the whole placement
             merged.region, merged.zone = alternative.region, alternative.zone
         return merged
@@ -303,18 +355,63 @@ class Resources:
 def _python_config(config: dict[str, Any]) -> dict[str, Any]:
     """Python-only values (JobRecovery, Resources, tuples) -> the YAML mapping shape the schema checks."""
     result = dict(config)
-    if isinstance(result.get("job_recovery"), JobRecovery):
-        result["job_recovery"] = result["job_recovery"].to_dict()
+    for key in ("job_recovery", "spot_recovery"):
+        if isinstance(result.get(key), JobRecovery):
+            result[key] = result[key].to_dict()
     for key in ("any_of", "ordered"):
         if key in result:
             result[key] = [r.to_dict() if isinstance(r, Resources) else dict(r) for r in result[key]]
-    for key in ("accelerators", "ports"):
+    for key in ("accelerators", "gpus", "ports"):
         if isinstance(result.get(key), tuple | set | frozenset):
             result[key] = list(result[key])
-    for key in ("image_id", "labels", "accelerator_args", "accelerators"):
+    if "volumes" in result:
+        result["volumes"] = [dict(volume) for volume in result["volumes"]]
+    for key in ("image_id", "labels", "accelerator_args", "accelerators", "gpus"):
         if isinstance(result.get(key), Mapping):
             result[key] = dict(result[key])
     return result
+
+
+def _refuse_internal(config: Mapping[str, Any], ctx: SpecContext, path: Sequence[PathPart]) -> None:
+    """SkyPilot-internal `_...` fields (here and in any_of/ordered entries) get their own reason."""
+    for key, value in config.items():
+        if key in INTERNAL_RESOURCE_FIELDS:
+            raise ctx.error(
+                [*path, key], "SkyPilot-internal field (SkyPilot writes it for itself); remove it"
+            )
+        if key in ("any_of", "ordered") and isinstance(value, list):
+            for i, entry in enumerate(value):
+                if isinstance(entry, Mapping):
+                    _refuse_internal(entry, ctx, [*path, key, i])
+
+
+def _without_nulls(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A field set to null counts as absent (here and in any_of/ordered entries)."""
+    result = {key: value for key, value in config.items() if value is not None}
+    for key in ("any_of", "ordered"):
+        if isinstance(result.get(key), list):
+            result[key] = [_without_nulls(e) if isinstance(e, Mapping) else e for e in result[key]]
+    return result
+
+
+def _resolve_alias(
+    config: dict[str, Any], alias: str, canonical: str, ctx: SpecContext, path: Sequence[PathPart]
+) -> dict[str, Any]:
+    """SkyPilot's other names: `gpus` for `accelerators`, legacy `spot_recovery` for `job_recovery`."""
+    if alias not in config:
+        return config
+    if canonical in config:
+        raise ctx.error(
+            [*path, alias], f"cannot be combined with {format_path([*path, canonical])}; give one of them"
+        )
+    return {(canonical if key == alias else key): value for key, value in config.items()}
+
+
+def _tier(
+    config: Mapping[str, Any], key: str, allowed: Sequence[str], ctx: SpecContext, path: Sequence[PathPart]
+) -> str | None:
+    value = config.get(key)
+    return None if value is None else fields.parse_tier(value, allowed, ctx, [*path, key])
 
 
 def _build(config: Any, ctx: SpecContext, path: Sequence[PathPart], *, top: bool) -> Resources:

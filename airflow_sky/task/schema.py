@@ -14,20 +14,54 @@ ENV_KEY_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 SUPPORTED_CLOUDS = ("local", "ssh", "aws", "gcp")
 JOB_RECOVERY_STRATEGIES = ("FAILOVER", "EAGER_NEXT_REGION")
 STORAGE_MODES = ("MOUNT", "COPY", "MOUNT_CACHED")
-STORE_TYPES = ("s3", "gcs", "r2", "azure", "ibm", "oci", "nebius")
-BUCKET_URI_SCHEMES = ("s3", "gs", "r2", "https", "cos", "oci", "nebius")
+STORE_TYPES = ("s3", "gcs", "r2", "azure", "ibm", "oci", "nebius", "coreweave", "volume")
+BUCKET_URI_SCHEMES = ("s3", "gs", "r2", "https", "cos", "oci", "nebius", "cw")
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # SkyPilot's resources.priority range
 
 # Fields airflow-sky parses and round-trips but does not act on yet; using one gives a SpecWarning.
-INERT_TASK_FIELDS = ("service", "pool", "config", "experimental", "event_callback", "volumes")
+INERT_TASK_FIELDS = (
+    "service",
+    "pool",
+    "config",
+    "experimental",
+    "event_callback",
+    "volumes",
+    "inputs",
+    "outputs",
+)
 INERT_RESOURCE_FIELDS = (
     "ports",
     "labels",
     "disk_tier",
     "network_tier",
     "accelerator_args",
+    "priority",
+    "volumes",
 )
+INERT_STORAGE_FIELDS = ("config",)
+
+# SkyPilot-internal fields: its schemas accept them in YAML it writes for itself (controllers, saved
+# clusters), but they are not part of a task a user writes; refused with that reason.
+INTERNAL_TASK_FIELDS = ("file_mounts_mapping", "volume_mounts", "_metadata")
+INTERNAL_RESOURCE_FIELDS = (
+    "_no_missing_accel_warnings",
+    "_docker_login_config",
+    "_docker_username_for_runpod",
+    "_is_image_managed",
+    "_requires_fuse",
+    "_cluster_config_overrides",
+)
+INTERNAL_STORAGE_FIELDS = ("_is_sky_managed", "_bucket_sub_path", "_force_delete")
 
 _STRING: dict[str, Any] = {"type": "string", "description": "a string"}
+_BOOLEAN: dict[str, Any] = {"type": "boolean", "description": "true or false"}
+_DISK_SIZE: dict[str, Any] = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1, "description": "a positive integer (GB)"},
+        {"type": "string"},
+    ],
+    "description": "a positive integer (GB) or a size with a unit, e.g. '1024GB' or '1TB'",
+}
 _MAPPING: dict[str, Any] = {"type": "object", "description": "a mapping"}
 _EXIT_CODE: dict[str, Any] = {
     "type": "integer",
@@ -41,9 +75,9 @@ _ENV_MAP: dict[str, Any] = {
     "description": "a mapping of NAME: value",
     "patternProperties": {
         ENV_KEY_PATTERN: {
-            "type": ["string", "number", "null"],
-            "description": "a string or a number (quote booleans: 'true'; null only if the value is "
-            "given at launch with --env/--env-file)",
+            "type": ["string", "number", "boolean", "null"],
+            "description": "a string, a number or a boolean (null only if the value is given at launch "
+            "with --env/--env-file)",
         }
     },
     "additionalProperties": False,
@@ -79,6 +113,48 @@ _JOB_RECOVERY: dict[str, Any] = {
 
 _PORT_ITEM: dict[str, Any] = {"type": ["integer", "string"]}
 
+_ACCELERATORS: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
+        {"type": "array", "items": {"type": "string"}},
+    ],
+    "description": "'NAME[:COUNT]', a mapping {NAME: COUNT} or a list of 'NAME[:COUNT]' candidates",
+}
+
+_RESOURCE_VOLUME: dict[str, Any] = {
+    "type": "object",
+    "description": "a volume mapping {path, name, disk_size, disk_tier, storage_type, attach_mode, auto_delete}",
+    "properties": {
+        "disk_size": _DISK_SIZE,
+        "disk_tier": _STRING,
+        "path": _STRING,
+        "auto_delete": _BOOLEAN,
+        "storage_type": _STRING,
+        "name": _STRING,
+        "attach_mode": _STRING,
+    },
+}
+
+_AUTOSTOP: dict[str, Any] = {
+    "anyOf": [
+        {"type": ["boolean", "integer", "string"]},
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "idle_minutes": {"type": ["integer", "string"], "description": "minutes or a duration"},
+                "down": _BOOLEAN,
+                "wait_for": _STRING,
+                "hook": _STRING,
+                "hook_timeout": {"type": "integer", "minimum": 1, "description": "an integer >= 1 (seconds)"},
+            },
+        },
+    ],
+    "description": "a boolean, minutes, a duration string or a mapping "
+    "{idle_minutes, down, wait_for, hook, hook_timeout}",
+}
+
 _SINGLE_RESOURCE_PROPERTIES: dict[str, Any] = {
     "infra": {**_STRING, "description": "'cloud[/region[/zone]]', e.g. 'aws/us-east-1'"},
     "cloud": {**_STRING, "description": f"a cloud name, one of {', '.join(SUPPORTED_CLOUDS)}"},
@@ -92,18 +168,13 @@ _SINGLE_RESOURCE_PROPERTIES: dict[str, Any] = {
         "type": ["string", "number"],
         "description": "memory in GB: N, 'N+' (at least N) or 'NGB', e.g. 32, '64+' or '32GB'",
     },
-    "accelerators": {
-        "anyOf": [
-            {"type": "string"},
-            {"type": "object", "additionalProperties": {"type": ["number", "null"]}},
-            {"type": "array", "items": {"type": "string"}},
-        ],
-        "description": "'NAME[:COUNT]', a mapping {NAME: COUNT} or a list of 'NAME[:COUNT]' candidates",
-    },
+    "accelerators": _ACCELERATORS,
+    "gpus": _ACCELERATORS,  # SkyPilot's alias of accelerators
     "instance_type": _STRING,
-    "use_spot": {"type": "boolean", "description": "true or false"},
-    "disk_size": {"type": "integer", "minimum": 1, "description": "a positive integer (GB)"},
+    "use_spot": _BOOLEAN,
+    "disk_size": _DISK_SIZE,
     "job_recovery": _JOB_RECOVERY,
+    "spot_recovery": _JOB_RECOVERY,  # SkyPilot's legacy name of job_recovery
     # Parsed but not acted on yet (INERT_RESOURCE_FIELDS).
     "ports": {
         "anyOf": [_PORT_ITEM, {"type": "array", "items": _PORT_ITEM}],
@@ -117,11 +188,25 @@ _SINGLE_RESOURCE_PROPERTIES: dict[str, Any] = {
     },
     "disk_tier": _STRING,
     "network_tier": _STRING,
-    "autostop": {
-        "type": ["boolean", "integer", "string", "object"],
-        "description": "a boolean, minutes, a duration string or a mapping",
+    "autostop": _AUTOSTOP,
+    "accelerator_args": {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "a mapping {runtime_version, tpu_name, tpu_vm, gcp_queued_resource}",
+        "properties": {
+            "runtime_version": _STRING,
+            "tpu_name": _STRING,
+            "tpu_vm": _BOOLEAN,
+            "gcp_queued_resource": _BOOLEAN,
+        },
     },
-    "accelerator_args": _MAPPING,
+    "priority": {
+        "type": "integer",
+        "minimum": MIN_PRIORITY,
+        "maximum": MAX_PRIORITY,
+        "description": f"an integer {MIN_PRIORITY}..{MAX_PRIORITY}",
+    },
+    "volumes": {"type": "array", "items": _RESOURCE_VOLUME, "description": "a list of volume mappings"},
 }
 
 SINGLE_RESOURCES_SCHEMA: dict[str, Any] = {
@@ -170,8 +255,26 @@ STORAGE_SCHEMA: dict[str, Any] = {
             "pattern": f"(?i)^(?:{'|'.join(STORAGE_MODES)})$",
             "description": f"one of {', '.join(STORAGE_MODES)}",
         },
-        "persistent": {"type": "boolean", "description": "true or false"},
+        "persistent": _BOOLEAN,
+        "config": {
+            "type": "object",
+            "description": "a mapping {disk_size, disk_tier, storage_type, attach_mode}",
+            "properties": {
+                "disk_size": _DISK_SIZE,
+                "disk_tier": _STRING,
+                "storage_type": _STRING,
+                "attach_mode": _STRING,
+            },
+        },
     },
+}
+
+# inputs/outputs (SkyPilot: experimental): {URI: estimated size in GB}, one entry.
+_IO_ESTIMATE: dict[str, Any] = {
+    "type": "object",
+    "maxProperties": 1,
+    "additionalProperties": {"type": "number", "description": "an estimated size in GB (a number)"},
+    "description": "a mapping of one URI to its estimated size in GB",
 }
 
 TASK_SCHEMA: dict[str, Any] = {
@@ -205,8 +308,10 @@ TASK_SCHEMA: dict[str, Any] = {
         "file_mounts": {
             "type": "object",
             "description": "a mapping of remote path: source",
+            # A storage mapping is checked against STORAGE_SCHEMA after $VAR substitution, as in SkyPilot
+            # (`store: $STORE` is allowed).
             "additionalProperties": {
-                "anyOf": [{"type": "string"}, STORAGE_SCHEMA],
+                "type": ["string", "object"],
                 "description": "a local path, a bucket URI (s3://, gs://, r2://...) or a storage mapping",
             },
         },
@@ -219,5 +324,7 @@ TASK_SCHEMA: dict[str, Any] = {
         "experimental": _MAPPING,
         "event_callback": _STRING,
         "volumes": {"type": ["object", "array"], "description": "a mapping or a list"},
+        "inputs": _IO_ESTIMATE,
+        "outputs": _IO_ESTIMATE,
     },
 }

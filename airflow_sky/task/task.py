@@ -4,20 +4,41 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
+import functools
+import inspect
 import os
+import posixpath
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task import overrides as ov
-from airflow_sky.task.diagnostics import PYTHON_SOURCE, STRING_SOURCE, SpecContext, show
+from airflow_sky.task.diagnostics import (
+    PYTHON_SOURCE,
+    STRING_SOURCE,
+    SpecContext,
+    show,
+    unknown_field_message,
+)
 from airflow_sky.task.resources import JobRecovery, Resources, build_resources
-from airflow_sky.task.schema import BUCKET_URI_SCHEMES, INERT_TASK_FIELDS, TASK_SCHEMA
+from airflow_sky.task.schema import (
+    BUCKET_URI_SCHEMES,
+    INERT_TASK_FIELDS,
+    INTERNAL_STORAGE_FIELDS,
+    INTERNAL_TASK_FIELDS,
+    STORAGE_SCHEMA,
+    TASK_SCHEMA,
+)
 from airflow_sky.task.validate import validate
 from airflow_sky.task.yaml_io import dump_yaml, parse_yaml
 
+P = ParamSpec("P")
+
 REDACTED = "<redacted>"
+WORKDIR_ON_NODE = "sky_workdir"  # ~/sky_workdir, where the workdir lands on every node
+_SUBSTITUTED_EXTRA = ("service", "volumes")  # inert fields SkyPilot fills envs into
 _URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -41,6 +62,7 @@ class StorageMount:
     store: str | None = None  # lower case: s3, gcs, r2, ...
     mode: str | None = None  # upper case: MOUNT (SkyPilot's default), COPY, MOUNT_CACHED
     persistent: bool | None = None
+    config: dict[str, Any] | None = None  # SkyPilot's volume settings; kept, not acted on
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -56,6 +78,20 @@ def is_bucket_uri(text: str) -> bool:
     """True for 's3://...', 'gs://...' and the other bucket URIs file_mounts accept."""
     match = _URI.match(text)
     return match is not None and match["scheme"].lower() in BUCKET_URI_SCHEMES
+
+
+def _unknown_kwargs_are_spec_errors(init: Callable[P, None]) -> Callable[P, None]:
+    """`Task(num_node=2)`: a SpecError with a did-you-mean, as for an unknown YAML field, not a TypeError."""
+    allowed = [name for name in inspect.signature(init).parameters if name != "self"]
+
+    @functools.wraps(init)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> None:
+        for key in kwargs:
+            if key not in allowed:
+                raise SpecError(f"{PYTHON_SOURCE}: Task({key}=...): {unknown_field_message(key, allowed)}")
+        init(*args, **kwargs)
+
+    return checked
 
 
 class Task:
@@ -77,8 +113,10 @@ class Task:
     file_mounts: dict[str, FileMountSource]
     resources: Resources
     extra_fields: dict[str, Any]  # top-level fields parsed and kept but not acted on yet
+    unset: dict[str, str]  # a template's null envs/secrets (name -> "envs"/"secrets"); see allow_unset
     base_dir: str | None  # where a relative workdir/local path resolves: the YAML's directory, else the cwd
 
+    @_unknown_kwargs_are_spec_errors
     def __init__(
         self,
         name: str | None = None,
@@ -120,12 +158,23 @@ class Task:
         base_dir: str | None = None,
         env_overrides: Mapping[str, str] | None = None,
         env_file: str | os.PathLike[str] | None = None,
+        allow_unset: bool = False,
     ) -> Task:
-        """Validate a task mapping (a parsed YAML document). Warns once (SpecWarning) about inert fields."""
+        """Validate a task mapping (a parsed YAML document). Warns once (SpecWarning) about inert fields.
+
+        `allow_unset`: a template check: envs/secrets left null (no launch value) are listed in `task.unset`
+        instead of being an error; such a task is not launchable.
+        """
         file_values = ov.read_env_file(env_file) if env_file is not None else None
         task = cls.__new__(cls)
         ctx = SpecContext(source)
-        task._load(config, ctx, base_dir=base_dir, overrides=ov.merge_overrides(env_overrides, file_values))
+        task._load(
+            config,
+            ctx,
+            base_dir=base_dir,
+            overrides=ov.merge_overrides(env_overrides, file_values),
+            allow_unset=allow_unset,
+        )
         ctx.warn_inert()
         return task
 
@@ -138,11 +187,17 @@ class Task:
         base_dir: str | None = None,
         env_overrides: Mapping[str, str] | None = None,
         env_file: str | os.PathLike[str] | None = None,
+        allow_unset: bool = False,
     ) -> Task:
         """Parse YAML text (with yaml.safe_load rules); see `from_dict`."""
         config = parse_yaml(text, source)
         return cls.from_dict(
-            config, source=source, base_dir=base_dir, env_overrides=env_overrides, env_file=env_file
+            config,
+            source=source,
+            base_dir=base_dir,
+            env_overrides=env_overrides,
+            env_file=env_file,
+            allow_unset=allow_unset,
         )
 
     @classmethod
@@ -151,6 +206,8 @@ class Task:
         path: str | os.PathLike[str],
         env_overrides: Mapping[str, str] | None = None,
         env_file: str | os.PathLike[str] | None = None,
+        *,
+        allow_unset: bool = False,
     ) -> Task:
         """Load a task file; a relative `workdir` resolves against the file's directory."""
         source = os.fspath(path)
@@ -161,19 +218,34 @@ class Task:
             raise SpecError(f"{source}: cannot read: {e.strerror or e}") from e
         base_dir = os.path.dirname(os.path.abspath(source))
         return cls.from_yaml_str(
-            text, source=source, base_dir=base_dir, env_overrides=env_overrides, env_file=env_file
+            text,
+            source=source,
+            base_dir=base_dir,
+            env_overrides=env_overrides,
+            env_file=env_file,
+            allow_unset=allow_unset,
         )
 
     def _load(
-        self, config: Any, ctx: SpecContext, *, base_dir: str | None, overrides: Mapping[str, str]
+        self,
+        config: Any,
+        ctx: SpecContext,
+        *,
+        base_dir: str | None,
+        overrides: Mapping[str, str],
+        allow_unset: bool = False,
     ) -> None:
         if isinstance(config, dict):
             config = {key: value for key, value in config.items() if value is not None}
+            _refuse_internal(config, ctx)
+            config = _env_scalars_as_strings(config)
         validate(config, TASK_SCHEMA, ctx)
         self.base_dir = base_dir
         envs, secrets = ov.apply_overrides(config.get("envs", {}), config.get("secrets", {}), overrides)
-        self.envs = _env_values(envs, "envs", ctx)
-        self.secrets = _env_values(secrets, "secrets", ctx)
+        self.unset = {key: "envs" for key, value in envs.items() if value is None} if allow_unset else {}
+        self.unset |= {key: "secrets" for key, value in secrets.items() if value is None and allow_unset}
+        self.envs = _env_values({k: v for k, v in envs.items() if k not in self.unset}, "envs", ctx)
+        self.secrets = _env_values({k: v for k, v in secrets.items() if k not in self.unset}, "secrets", ctx)
         self.name = config.get("name")
         self._num_nodes = config.get("num_nodes", 1)
         self.setup = _script(config.get("setup"))
@@ -186,11 +258,21 @@ class Task:
             raise ctx.error(["workdir"], "must be a directory path, got an empty string")
         else:
             self.workdir = workdir
-        self.file_mounts = _file_mounts(config.get("file_mounts", {}), mapping, ctx)
+        self.file_mounts = _file_mounts(config.get("file_mounts", {}), mapping, ctx, unset=tuple(self.unset))
         self.resources = build_resources(config.get("resources", {}), ctx)
-        self.extra_fields = {key: copy.deepcopy(config[key]) for key in INERT_TASK_FIELDS if key in config}
+        # SkyPilot also fills envs into `service` and `volumes` (kept, not acted on).
+        self.extra_fields = {
+            key: ov.substitute(copy.deepcopy(config[key]), mapping)
+            if key in _SUBSTITUTED_EXTRA
+            else copy.deepcopy(config[key])
+            for key in INERT_TASK_FIELDS
+            if key in config
+        }
         for key in self.extra_fields:
             ctx.note_inert([key])
+        for dst, src in self.file_mounts.items():
+            if isinstance(src, StorageMount) and src.config is not None:
+                ctx.note_inert(["file_mounts", dst, "config"])
 
     # -- editing -------------------------------------------------------------------------------------------
 
@@ -251,18 +333,27 @@ class Task:
             dst: src.to_dict() if isinstance(src, StorageMount) else src
             for dst, src in self.file_mounts.items()
         }
-        secrets = {key: REDACTED for key in self.secrets} if redact_secrets else dict(self.secrets)
+        secrets: dict[str, Any] = (
+            {key: REDACTED for key in self.secrets} if redact_secrets else dict(self.secrets)
+        )
+        envs: dict[str, Any] = dict(self.envs)
+        for key, field in getattr(self, "unset", {}).items():  # a template's values still to be given
+            (envs if field == "envs" else secrets)[key] = None
+        extra = {
+            key: ov.protect(value, mapping) if key in _SUBSTITUTED_EXTRA else value
+            for key, value in copy.deepcopy(self.extra_fields).items()
+        }
         data: dict[str, Any] = {
             "name": self.name,
             "workdir": ov.protect(workdir, mapping),
             "num_nodes": self.num_nodes,
             "resources": self.resources.to_dict() or None,
-            "envs": dict(self.envs) or None,
+            "envs": envs or None,
             "secrets": secrets or None,
             "file_mounts": ov.protect(mounts, mapping) or None,
             "setup": self.setup,
             "run": self.run,
-            **copy.deepcopy(self.extra_fields),
+            **extra,
         }
         return {key: value for key, value in data.items() if value is not None}
 
@@ -311,35 +402,54 @@ def _validated_env_map(values: Mapping[str, Any], field: str) -> dict[str, Any]:
     return config[field]
 
 
+def launch_hint(key: str, field: str) -> str:
+    """How a launch gives a value to an env or a secret declared null in the YAML."""
+    if field == "secrets":
+        return f"--secret {key}=VALUE (or --secret {key} to take it from this shell's environment, or in --secret-file)"
+    return f"--env {key}=VALUE (or in --env-file)"
+
+
 def _env_values(values: Mapping[str, Any], field: str, ctx: SpecContext) -> dict[str, str]:
     """Schema-checked env values -> strings (numbers as written); a null left unset at launch is an error."""
     result: dict[str, str] = {}
     for key, value in values.items():
         if value is None:
-            raise ctx.error(
-                [field, key], f"has no value; pass it at launch with --env {key}=VALUE (or in --env-file)"
-            )
+            raise ctx.error([field, key], f"has no value; pass it at launch with {launch_hint(key, field)}")
         result[key] = value if isinstance(value, str) else str(value)
     return result
 
 
 def _file_mounts(
-    mounts: dict[str, Any], envs: Mapping[str, str], ctx: SpecContext
+    mounts: dict[str, Any], envs: Mapping[str, str], ctx: SpecContext, unset: Sequence[str] = ()
 ) -> dict[str, FileMountSource]:
-    """Schema-checked file_mounts, `$VAR`s substituted -> {remote path: local path/URI or StorageMount}."""
+    """file_mounts, `$VAR`s substituted -> {remote path: local path/URI or StorageMount}.
+
+    As in SkyPilot, a storage mapping is checked after substitution (`store: $STORE`); in a template
+    (`unset`: names still without a value) a storage field that uses one is not checked yet.
+    """
     result: dict[str, FileMountSource] = {}
     for raw_dst, raw_src in mounts.items():
         dst, src = ov.substitute(raw_dst, envs), ov.substitute(raw_src, envs)
         path = ["file_mounts", dst]
+        if not dst.strip() or dst.strip() == "~":
+            raise ctx.error(path, f"remote path must be a path below / or ~/, got {show(dst)}")
         if not (dst.startswith("/") or dst.startswith("~/")):
-            raise ctx.error(path, f"remote path must be absolute or start with '~/', got {show(dst)}")
+            # As in SkyPilot: a relative remote path is below the workdir.
+            dst = posixpath.normpath(f"~/{WORKDIR_ON_NODE}/{dst}")
         if dst in result:
             raise ctx.error(path, f"remote path given twice (as {raw_dst!r} after $VAR substitution)")
         if isinstance(src, str):
             result[dst] = _mount_source(src, ctx, path)
             continue
+        validate({k: v for k, v in src.items() if not _uses(v, unset)}, STORAGE_SCHEMA, ctx, path)
         if "name" not in src and "source" not in src:
             raise ctx.error(path, "a storage mapping needs a `name` (bucket) or a `source`")
+        if str(src.get("store", "")).lower() == "volume":
+            raise ctx.error(
+                [*path, "store"],
+                "SkyPilot volumes (store: volume, a disk created on the node) are not supported; "
+                "use a bucket store or a local path",
+            )
         source = src.get("source")
         if isinstance(source, str):
             _mount_source(source, ctx, [*path, "source"])
@@ -349,8 +459,14 @@ def _file_mounts(
             store=src["store"].lower() if "store" in src else None,
             mode=src["mode"].upper() if "mode" in src else None,
             persistent=src.get("persistent"),
+            config=copy.deepcopy(src.get("config")),
         )
     return result
+
+
+def _uses(value: Any, names: Sequence[str]) -> bool:
+    """Whether a string still refers to one of `names` as $NAME or ${NAME}."""
+    return isinstance(value, str) and any(re.search(rf"\$(?:{n}\b|\{{{n}\}})", value) for n in names)
 
 
 def _mount_source(src: str, ctx: SpecContext, path: Sequence[Any]) -> str:
@@ -361,3 +477,33 @@ def _mount_source(src: str, ctx: SpecContext, path: Sequence[Any]) -> str:
         schemes = ", ".join(f"{s}://" for s in BUCKET_URI_SCHEMES)
         raise ctx.error(path, f"unsupported URI scheme {match['scheme']!r}; supported: {schemes}")
     return src
+
+
+def _refuse_internal(config: Mapping[str, Any], ctx: SpecContext) -> None:
+    """SkyPilot-internal fields (in the task and its storage mappings) are refused with that reason."""
+    for key in config:
+        if key in INTERNAL_TASK_FIELDS:
+            raise ctx.error([key], "SkyPilot-internal field (SkyPilot writes it for itself); remove it")
+    mounts = config.get("file_mounts")
+    for dst, src in mounts.items() if isinstance(mounts, dict) else ():
+        for key in src if isinstance(src, dict) else ():
+            if key in INTERNAL_STORAGE_FIELDS:
+                raise ctx.error(
+                    ["file_mounts", dst, key],
+                    "SkyPilot-internal field (SkyPilot writes it for itself); remove it",
+                )
+
+
+def _env_scalars_as_strings(config: dict[str, Any]) -> dict[str, Any]:
+    """As SkyPilot: a non-null env/secret scalar becomes its Python string (`true` -> 'True', a date ->
+    '2024-01-01'); numbers keep the schema's number type and become strings later, lists/mappings stay
+    for the schema to refuse."""
+    result = dict(config)
+    for field in ("envs", "secrets"):
+        values = result.get(field)
+        if isinstance(values, dict):
+            result[field] = {
+                key: str(value) if isinstance(value, bool | datetime.date) else value
+                for key, value in values.items()
+            }
+    return result

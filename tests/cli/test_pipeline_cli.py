@@ -73,7 +73,9 @@ def _clusters_left(env: dict[str, str], prefix: str) -> list[str]:
 def test_a_pipeline_runs_its_tasks_in_order_with_results_handed_on_and_clusters_torn_down(cli_env, tmp_path):
     path = tmp_path / "pipe.yaml"
     path.write_text(PIPELINE)
-    proc = _cli({**cli_env, "DATASET": "from-the-shell"}, "launch", str(path), "-c", "pl", "--env", "DATASET", "-y")
+    proc = _cli(
+        {**cli_env, "DATASET": "from-the-shell"}, "launch", str(path), "-c", "pl", "--env", "DATASET", "-y"
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     # In order, each on a cluster of its own, with the same live view as one task.

@@ -1,4 +1,8 @@
-"""`airflow-sky check FILE.yaml [--env K=V]... [--env-file F]`: validate a task and print it normalized."""
+"""`airflow-sky check FILE.yaml [--env K=V]... [--env-file F]`: validate a task and print it normalized.
+
+A template (envs/secrets declared null, to be given at launch) is a valid file: `check` prints it with those
+values null and says on stderr which values `launch` will need and how to pass them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import sys
 from typing import Any
 
 from airflow_sky.client.cli.common import add_env_arguments, load_task
+from airflow_sky.task import Task
+from airflow_sky.task.task import launch_hint
 
 
 def register(subparsers: Any) -> None:
@@ -14,7 +20,8 @@ def register(subparsers: Any) -> None:
         "check",
         help="validate a task YAML and print it normalized",
         description="Validate a SkyPilot-style task YAML; print the normalized task as YAML on stdout. "
-        "An invalid task prints one error line on stderr and exits with status 2.",
+        "An invalid task prints one error line on stderr and exits with status 2. Envs/secrets left null "
+        "(a template) are allowed: a note on stderr lists the values `launch` will need.",
     )
     parser.add_argument("file", metavar="FILE.yaml", help="the task YAML")
     add_env_arguments(parser)
@@ -24,8 +31,20 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def launch_needs(task: Task, source: str) -> str | None:
+    """One line naming the values a template still needs at launch and how to pass each; None if none."""
+    if not task.unset:
+        return None
+    fields = ", ".join(f"{field}.{key}" for key, field in task.unset.items())
+    hints = "; ".join(launch_hint(key, field) for key, field in task.unset.items())
+    return f"{source}: valid as a template; launch needs values for {fields}: pass {hints}"
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the task (SpecError propagates to the CLI's one-line error, exit 2) and print it."""
-    task = load_task(args)
+    task = load_task(args, allow_unset=True)
     sys.stdout.write(task.to_yaml(redact_secrets=not args.show_secrets))
+    needs = launch_needs(task, args.file)
+    if needs is not None:
+        print(f"airflow-sky: note: {needs}", file=sys.stderr)
     return 0
