@@ -51,8 +51,11 @@ def sky_pipeline(
     elif env_overrides:
         for task in pipeline.tasks:
             task.update_envs(env_overrides)
-    if pipeline.execution == PARALLEL and job_kwargs.get("cluster_name"):
-        raise ValueError("sky_pipeline: a parallel pipeline's jobs cannot share one cluster_name")
+    if pipeline.execution == PARALLEL:
+        if job_kwargs.get("cluster_name"):
+            raise ValueError("sky_pipeline: a parallel pipeline's jobs cannot share one cluster_name")
+        for task in pipeline.tasks:  # as SkyPilot's job groups set it
+            task.update_envs({"SKYPILOT_JOBGROUP_NAME": pipeline.name})
     names = tuple(task.name or job_id for task, job_id in zip(pipeline.tasks, pipeline.job_ids, strict=True))
     groups: list[TaskGroup] = []
     for index, (task, job_id) in enumerate(zip(pipeline.tasks, pipeline.job_ids, strict=True)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_sky.task.diagnostics import PathPart, SpecContext, format_path, show
@@ -223,6 +223,20 @@ def format_accelerators(
     if len({name for name, _ in accelerators}) < len(accelerators):
         return {f"{name}:{count}": None for name, count in accelerators}
     return dict(accelerators)
+
+
+def entry_cloud(entry: Any) -> str | None:
+    """The cloud an any_of/ordered entry names (its `infra`'s first part, or `cloud`), lower case."""
+    if not isinstance(entry, Mapping):
+        return None
+    named = entry.get("infra") or entry.get("cloud")
+    return str(named).split("/", 1)[0].strip().lower() if isinstance(named, str) and named.strip() else None
+
+
+def entry_cloud_supported(entry: Any) -> bool:
+    """False only for an entry that names a cloud airflow-sky has no driver for."""
+    cloud = entry_cloud(entry)
+    return cloud is None or cloud in SUPPORTED_CLOUDS
 
 
 def _check_cloud(cloud: str, ctx: SpecContext, path: Sequence[PathPart]) -> str:

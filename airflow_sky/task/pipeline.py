@@ -85,8 +85,13 @@ class Pipeline:
         path: str | os.PathLike[str],
         env_overrides: Mapping[str, str] | None = None,
         env_file: str | os.PathLike[str] | None = None,
+        *,
+        allow_unset: bool = False,
     ) -> Pipeline:
-        """Load a task file as a pipeline; a one-task file is a one-task pipeline."""
+        """Load a task file as a pipeline; a one-task file is a one-task pipeline.
+
+        `allow_unset`: a template check, as for Task.from_yaml (each task's `unset` lists what it lacks).
+        """
         source = os.fspath(path)
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -99,6 +104,7 @@ class Pipeline:
             default_name=Path(source).name.split(".", 1)[0],
             env_overrides=env_overrides,
             env_file=env_file,
+            allow_unset=allow_unset,
         )
 
     @classmethod
@@ -111,6 +117,7 @@ class Pipeline:
         default_name: str = "pipeline",
         env_overrides: Mapping[str, str] | None = None,
         env_file: str | os.PathLike[str] | None = None,
+        allow_unset: bool = False,
     ) -> Pipeline:
         """Parse YAML text holding one or more documents; see the module docstring for the rules."""
         documents = parse_yaml_documents(text, source)
@@ -121,6 +128,7 @@ class Pipeline:
             default_name=default_name,
             env_overrides=env_overrides,
             env_file=env_file,
+            allow_unset=allow_unset,
         )
 
     @classmethod
@@ -133,7 +141,9 @@ class Pipeline:
         default_name: str = "pipeline",
         env_overrides: Mapping[str, str] | None = None,
         env_file: str | os.PathLike[str] | None = None,
+        allow_unset: bool = False,
     ) -> Pipeline:
+        loading = _Loading(source, base_dir, env_overrides, env_file, allow_unset)
         for number, document in enumerate(documents, start=1):
             if not isinstance(document, dict):
                 raise SpecError(
@@ -141,7 +151,7 @@ class Pipeline:
                 )
         configs = list(documents)
         if is_job_group(configs):
-            return _job_group(configs, source, base_dir, env_overrides, env_file)
+            return _job_group(configs, loading)
         name: str | None = None
         header: dict[str, Any] = {}
         offset = 0
@@ -160,7 +170,7 @@ class Pipeline:
         if not configs:
             configs = [{"name": name}]  # a header alone still makes one (empty) task, as in SkyPilot
         tasks = [
-            _task(config, source, offset + number, len(documents), base_dir, env_overrides, env_file)
+            loading.task(config, offset + number, len(documents))
             for number, config in enumerate(configs, start=1)
         ]
         name = name or (tasks[0].name if len(tasks) == 1 else None) or default_name
@@ -202,13 +212,8 @@ def load_pipeline(
     return Pipeline.from_yaml(path, env_overrides=env_overrides, env_file=env_file)
 
 
-def _job_group(
-    configs: list[dict[str, Any]],
-    source: str,
-    base_dir: str | None,
-    env_overrides: Mapping[str, str] | None,
-    env_file: str | os.PathLike[str] | None,
-) -> Pipeline:
+def _job_group(configs: list[dict[str, Any]], loading: _Loading) -> Pipeline:
+    source = loading.source
     header = dict(configs[0])
     unknown = sorted(set(header) - set(JOB_GROUP_HEADER_FIELDS))
     if unknown:
@@ -246,23 +251,29 @@ def _job_group(
                 "the tasks of a parallel pipeline need distinct names"
             )
         seen[job_name] = number
-        tasks.append(_task(config, source, number, len(configs), base_dir, env_overrides, env_file))
+        tasks.append(loading.task(config, number, len(configs)))
     return Pipeline(name=name, tasks=tasks, execution=PARALLEL, header=header)
 
 
-def _task(
-    config: dict[str, Any],
-    source: str,
-    number: int,
-    total: int,
-    base_dir: str | None,
-    env_overrides: Mapping[str, str] | None,
-    env_file: str | os.PathLike[str] | None,
-) -> Task:
-    where = source if total == 1 else _where(source, number)
-    return Task.from_dict(
-        config, source=where, base_dir=base_dir, env_overrides=env_overrides, env_file=env_file
-    )
+@dataclasses.dataclass(frozen=True)
+class _Loading:
+    """What every task document of one file is loaded with."""
+
+    source: str
+    base_dir: str | None
+    env_overrides: Mapping[str, str] | None
+    env_file: str | os.PathLike[str] | None
+    allow_unset: bool
+
+    def task(self, config: dict[str, Any], number: int, total: int) -> Task:
+        return Task.from_dict(
+            config,
+            source=self.source if total == 1 else _where(self.source, number),
+            base_dir=self.base_dir,
+            env_overrides=self.env_overrides,
+            env_file=self.env_file,
+            allow_unset=self.allow_unset,
+        )
 
 
 def _header_name(header: dict[str, Any], source: str) -> str:

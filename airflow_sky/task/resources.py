@@ -230,7 +230,17 @@ class Resources:
         config: Mapping[str, Any], key: str, ctx: SpecContext, path: Sequence[PathPart]
     ) -> tuple[Resources, ...]:
         entries = config.get(key) or []
-        return tuple(_build(entry, ctx, [*path, key, i], top=False) for i, entry in enumerate(entries))
+        # SkyPilot's optimizer skips candidates on clouds it cannot use; so do we, naming each once. Only
+        # when none is left is it an error (the first one's, which says what is supported).
+        usable = [(i, e) for i, e in enumerate(entries) if fields.entry_cloud_supported(e)]
+        for i, entry in enumerate(entries):
+            if (i, entry) not in usable:
+                ctx.note_inert(
+                    [*path, key, f"{i} ({fields.entry_cloud(entry)}: not a supported cloud, skipped)"]
+                )
+        if entries and not usable:
+            usable = list(enumerate(entries))
+        return tuple(_build(entry, ctx, [*path, key, i], top=False) for i, entry in usable)
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical YAML mapping (fields that are set); from_dict(to_dict()) gives an equal object."""

@@ -138,7 +138,7 @@ def test_a_parallel_pipeline_runs_its_jobs_side_by_side_in_one_dag(run_dag, airf
         ---
         name: right
         num_nodes: 2
-        run: touch {tmp_path}/right-ran-$SKYPILOT_NODE_RANK
+        run: touch {tmp_path}/right-ran-$SKYPILOT_NODE_RANK-$SKYPILOT_JOBGROUP_NAME
         """)
     _write(dags, "sidebyside.yaml", text)
     source = DAG_FILE.format(yaml="sidebyside.yaml") + textwrap.dedent("""
@@ -149,5 +149,6 @@ def test_a_parallel_pipeline_runs_its_jobs_side_by_side_in_one_dag(run_dag, airf
     result = run_dag("sidebyside", source)
     assert result.returncode == 0, result.output[-6000:]
     assert (tmp_path / "left-ran").exists()
-    assert (tmp_path / "right-ran-0").exists() and (tmp_path / "right-ran-1").exists()
+    # SKYPILOT_JOBGROUP_NAME: the pipeline's name, as SkyPilot's job groups set it.
+    assert (tmp_path / "right-ran-0-sidebyside").exists() and (tmp_path / "right-ran-1-sidebyside").exists()
     assert _node_processes("sidebyside-") == []

@@ -11,8 +11,11 @@ import sys
 from typing import Any
 
 from airflow_sky.client.cli.common import add_env_arguments, load_task
+from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
 from airflow_sky.task import Task
+from airflow_sky.task.pipeline import is_pipeline_file
 from airflow_sky.task.task import launch_hint
+from airflow_sky.task.yaml_io import dump_yaml
 
 
 def register(subparsers: Any) -> None:
@@ -42,9 +45,32 @@ def launch_needs(task: Task, source: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the task (SpecError propagates to the CLI's one-line error, exit 2) and print it."""
+    if is_pipeline_file(args.file):
+        return _check_pipeline(args)
     task = load_task(args, allow_unset=True)
     sys.stdout.write(task.to_yaml(redact_secrets=not args.show_secrets))
     needs = launch_needs(task, args.file)
     if needs is not None:
         print(f"airflow-sky: note: {needs}", file=sys.stderr)
+    return 0
+
+
+def _check_pipeline(args: argparse.Namespace) -> int:
+    """A pipeline file: every task validated; the normalized documents printed; one line on how it runs."""
+    pipeline = load_pipeline_args(args, allow_unset=True)
+    documents = pipeline.to_documents()
+    if args.show_secrets is False:
+        documents = [documents[0], *(t.to_dict(redact_secrets=True) for t in pipeline.tasks)]
+    sys.stdout.write("---\n".join(dump_yaml(document) for document in documents))
+    order = "side by side" if pipeline.execution == "parallel" else "in order"
+    names = ", ".join(str(task.name) for task in pipeline.tasks)
+    print(
+        f"airflow-sky: note: {args.file}: pipeline {pipeline.name!r}, {len(pipeline.tasks)} task(s) run {order}: "
+        f"{names}",
+        file=sys.stderr,
+    )
+    for task in pipeline.tasks:
+        needs = launch_needs(task, f"{args.file} ({task.name})")
+        if needs is not None:
+            print(f"airflow-sky: note: {needs}", file=sys.stderr)
     return 0

@@ -50,7 +50,7 @@ _RESOURCE_FLAGS = {
 Runner = Callable[..., int]
 
 
-def load_pipeline_args(args: argparse.Namespace) -> Pipeline:
+def load_pipeline_args(args: argparse.Namespace, *, allow_unset: bool = False) -> Pipeline:
     """The pipeline of `args.file` with --env/--env-file/--secret/--secret-file applied to every task."""
     overrides = env_values("--env", args.env)
     secret_values = env_values("--secret", getattr(args, "secret", []))
@@ -59,7 +59,10 @@ def load_pipeline_args(args: argparse.Namespace) -> Pipeline:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SpecWarning)
         pipeline = Pipeline.from_yaml(
-            args.file, env_overrides={**overrides, **secret_values}, env_file=args.env_file
+            args.file,
+            env_overrides={**overrides, **secret_values},
+            env_file=args.env_file,
+            allow_unset=allow_unset,
         )
     for task in pipeline.tasks:
         if secret_values:
