@@ -100,11 +100,17 @@ def test_a_failed_task_stops_the_pipeline_and_names_what_did_not_run(cli_env, tm
     assert _clusters_left(cli_env, "fp-") == []
 
 
-def test_pipeline_flags_that_cannot_apply_are_refused_before_anything_starts(cli_env, tmp_path):
+def test_pipeline_flags_that_cannot_apply_are_refused_or_ignored_as_skypilot_does(cli_env, tmp_path):
     path = tmp_path / "fail.yaml"
     path.write_text(FAILING)
-    proc = _cli(cli_env, "launch", str(path), "--gpus", "L4:1", "-y")
-    assert proc.returncode == 2 and "--gpus: a pipeline's tasks each name their own resources" in proc.stderr
+    proc = _cli(cli_env, "launch", str(path), "--gpus", "L4:1", "--dryrun")  # as `sky jobs launch`: ignored
+    assert proc.returncode == 0, proc.stderr
+    assert "override params --gpus are ignored, since" in proc.stderr and "Task 3/3: third" in proc.stdout
+    proc = _cli(cli_env, "launch", str(path), "--detach-run", "-y")
+    assert (
+        proc.returncode == 2
+        and "--detach-run: a pipeline's next task starts when this one ends" in proc.stderr
+    )
     parallel = tmp_path / "par.yaml"
     parallel.write_text("name: par\nexecution: parallel\n---\nname: a\nrun: x\n---\nname: b\nrun: y\n")
     proc = _cli(cli_env, "launch", str(parallel), "-y")

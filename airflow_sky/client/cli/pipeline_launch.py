@@ -44,7 +44,6 @@ _RESOURCE_FLAGS = {
     "zone": "--zone",
     "disk_size": "--disk-size",
     "image_id": "--image-id",
-    "idle_minutes": "--idle-minutes-to-autostop",
 }
 
 Runner = Callable[..., int]
@@ -75,7 +74,8 @@ def load_pipeline_args(args: argparse.Namespace, *, allow_unset: bool = False) -
 
 
 def check_pipeline_args(args: argparse.Namespace, pipeline: Pipeline) -> None:
-    """Refuse the launch flags a pipeline cannot take, naming the flag and why."""
+    """Refuse the launch flags a pipeline cannot take, naming the flag and why; resource overrides are
+    ignored with a warning, as SkyPilot does for a multi-task file."""
     if pipeline.execution == PARALLEL:
         raise SpecError(
             f"{args.file}: execution: parallel runs its {len(pipeline.tasks)} tasks side by side, which needs "
@@ -83,13 +83,19 @@ def check_pipeline_args(args: argparse.Namespace, pipeline: Pipeline) -> None:
             "the DAG, or drop `execution: parallel` to run them one after another here"
         )
     given = [flag for name, flag in _RESOURCE_FLAGS.items() if getattr(args, name, None) is not None]
-    if given:
-        raise SpecError(
-            f"{given[0]}: a pipeline's tasks each name their own resources; edit them in {args.file} "
-            "(only --infra, --env/--secret and their files apply to every task)"
+    if given:  # as `sky jobs launch` says of a pipeline: which override to apply to which task is unclear
+        print(
+            f"airflow-sky: warning: override params {', '.join(given)} are ignored, since {args.file} contains "
+            "multiple tasks (each names its own resources; --infra, --env/--secret and their files apply)",
+            file=sys.stderr,
         )
     if args.detach_run:
         raise SpecError("--detach-run: a pipeline's next task starts when this one ends; run it attached")
+    if args.idle_minutes is not None:
+        raise SpecError(
+            "--idle-minutes-to-autostop: a pipeline's clusters go down as each task ends; set `autostop` in "
+            "a task's resources to keep its cluster (with --no-down) until idle"
+        )
 
 
 def launch_pipeline(args: argparse.Namespace, run: Runner) -> int:
