@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow.sdk import DAG, TaskGroup
 
+from airflow_sky.errors import SpecError
 from airflow_sky.operators.provision import PipelineSlot
 from airflow_sky.task.pipeline import PARALLEL, Pipeline, job_id_for
 
@@ -53,7 +54,10 @@ def sky_pipeline(
             task.update_envs(env_overrides)
     if pipeline.execution == PARALLEL:
         if job_kwargs.get("cluster_name"):
-            raise ValueError("sky_pipeline: a parallel pipeline's jobs cannot share one cluster_name")
+            raise SpecError(
+                f"pipeline {pipeline.name!r}: cluster_name: a parallel pipeline's tasks run side by side and "
+                "cannot share one cluster; leave it unset (each task gets its own)"
+            )
         for task in pipeline.tasks:  # as SkyPilot's job groups set it
             task.update_envs({"SKYPILOT_JOBGROUP_NAME": pipeline.name})
     names = tuple(task.name or job_id for task, job_id in zip(pipeline.tasks, pipeline.job_ids, strict=True))
