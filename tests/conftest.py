@@ -38,6 +38,8 @@ SLOWEST_FILES = (
     "tests/deploy/test_abandoned_run.py",
     "tests/ssh/test_ssh_jobs.py",
     "tests/dags/test_sky_job_dag.py",
+    "tests/cli/test_first_user.py",
+    "tests/dags/test_pipelines.py",
 )
 
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-EventKind = Literal["job", "task_started", "task_done", "task_failed", "log", "exit", "result"]
+EventKind = Literal["job", "task_started", "task_done", "task_failed", "log", "exit", "result", "relaunch"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -129,7 +129,16 @@ class _RankLog:
             self.new_generation = self.tail is not None
             self.tail = LogTail(client, self.job_id, generation, self.phase == "setup", self.emit, keep=0)
         self.tail.client = client  # a replaced node answers on a new connection
-        return not self.tail.poll().caught_up
+        caught_up = self.tail.poll().caught_up
+        if (
+            self.tail.ended
+            and self.phase == "run"
+            and state is not None
+            and state.generation > self.tail.generation
+        ):
+            self.next_check = 0.0  # a relaunch: the newer generation's log is read on the next pass
+            return True
+        return not caught_up
 
 
 class NodeLogs:
@@ -157,6 +166,7 @@ class NodeLogs:
             for node in handle.phase_nodes(phase)
         ]
         self._active: set[Phase] = set()
+        self._announced = handle.generation  # the newest relaunch claim told to the sink
         self._nodes = {n.rank: n for n in handle.nodes}
         self._states = job_states(cluster)
         self._clients: dict[int, NodeClient] = {}
@@ -212,13 +222,14 @@ class NodeLogs:
     def _read_all(self, final: bool) -> bool:
         busy = False
         state = self._states.get(self.handle.job_id)
+        self._announce_relaunch(state)
         for log in self._logs:
             if log.phase not in self._active:
                 continue
             if final:
                 log.next_check = 0.0
             try:
-                client = self._client(log.rank)
+                client = self._client(log.rank, final)
                 if client is None:
                     continue
                 busy = log.poll(client, state) or busy
@@ -232,21 +243,43 @@ class NodeLogs:
                         other.next_check = 0.0
         return busy
 
-    def _client(self, rank: int) -> NodeClient | None:
+    def _announce_relaunch(self, state: JobState | None) -> None:
+        """Each recovery or restart, told once per generation: from the claim while it is being done, or
+        from the job's history when it was quicker than a pass (the follow tasks' own messages go to the
+        Airflow log only)."""
+        if state is None:
+            return
+        told: list[tuple[int, str, str]] = [
+            (int(e["generation"]), str(e["action"]), str(e["reason"])) for e in state.history
+        ]
+        if state.relaunch is not None:
+            claim = state.relaunch
+            told.append((claim.target, claim.action.value, claim.reason))
+        for generation, action, reason in sorted(told):
+            if generation > self._announced:
+                self._announced = generation
+                text = f"{action}: {reason}; relaunching the job as generation {generation}"
+                self._sink(Event("relaunch", "run_follow", None, text))
+
+    def _client(self, rank: int, final: bool = False) -> NodeClient | None:
         if rank in self._clients:
             return self._clients[rank]
-        if time.monotonic() < self._down_until.get(rank, 0.0):
-            return None
+        if rank in self._down_until:
+            if time.monotonic() < self._down_until[rank] and not final:
+                return None
+            self._refresh_node(rank)  # the infra may have replaced it meanwhile (a recovery)
         self._clients[rank] = self.cluster.client(self._nodes[rank], conn_retry_attempts=1)
         return self._clients[rank]
 
     def _lost(self, rank: int) -> None:
-        """A node stopped answering: reconnect later, to the node the infra now has at that rank."""
+        """A node stopped answering: reconnect later, to the node the infra then has at that rank."""
         client = self._clients.pop(rank, None)
         if client is not None:
             client.reset()
             client.close()
         self._down_until[rank] = time.monotonic() + _RECONNECT_S
+
+    def _refresh_node(self, rank: int) -> None:
         with contextlib.suppress(Exception):
             current = {n.rank: n for n in self.cluster.nodes()}
             if rank in current:

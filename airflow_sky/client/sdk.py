@@ -7,15 +7,20 @@ and cancel read and act on the cluster itself (its job state, kept by the infra,
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_sky.client import ssh_config
 from airflow_sky.client.engine import JobOutcome, LaunchOptions, bind_private_home
 from airflow_sky.client.events import Event
-from airflow_sky.errors import ClusterError
+from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.gang.job import JobHandle, JobStatus, sanitize_cluster_name
 from airflow_sky.infra.home import sky_home
 from airflow_sky.task import Task
@@ -24,7 +29,47 @@ if TYPE_CHECKING:  # these load Airflow, which engine.prepare_airflow must confi
     from airflow_sky.gang.cluster_jobs import ClusterJobs
     from airflow_sky.infra.cluster import Cluster
 
-__all__ = ["cancel", "down", "exec", "forget", "job_status", "launch", "queue", "status", "tail_logs"]
+__all__ = [
+    "autostop",
+    "cancel",
+    "check_cluster_name",
+    "down",
+    "download_logs",
+    "exec",
+    "forget",
+    "job_status",
+    "launch",
+    "queue",
+    "start",
+    "status",
+    "stop",
+    "tail_logs",
+]
+
+CLUSTER_NAME_PATTERN = "[a-z]([-a-z0-9]*[a-z0-9])?"  # a host name label: what a cluster is called here
+SKYPILOT_CLUSTER_NAME_PATTERN = "[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?"  # what `sky -c` accepts
+
+
+def check_cluster_name(name: str) -> str:
+    """The name a cluster `name` has here. A name SkyPilot refuses is refused; one SkyPilot accepts but that
+    is no host name label (`Dev_Box`) becomes one (`dev-box`): callers say so (cluster_name_note)."""
+    if not re.fullmatch(SKYPILOT_CLUSTER_NAME_PATTERN, name):
+        raise SpecError(
+            f"cluster name {name!r} is invalid: it must match {SKYPILOT_CLUSTER_NAME_PATTERN} (as in SkyPilot; "
+            f"here it becomes {CLUSTER_NAME_PATTERN}, at most 40 characters), e.g. {sanitize_cluster_name(name)!r}"
+        )
+    return sanitize_cluster_name(name)
+
+
+def cluster_name_note(name: str) -> str | None:
+    """A line saying what a valid but changed cluster name is called here; None when unchanged."""
+    here = check_cluster_name(name)
+    if here == name:
+        return None
+    return (
+        f"cluster {name!r} is named {here!r} here (cluster names are host name labels: lowercase letters, "
+        "digits and '-', at most 40 characters)"
+    )
 
 
 # ---- which infra a cluster lives on (a lookup hint; the infra itself is the source of truth) -------------
@@ -129,8 +174,13 @@ def forget(cluster_name: str) -> None:
     _remember(cluster_name, None)
 
 
-def _printing_listener(output: TextIO) -> Callable[[Event], None]:
+def _printing_listener(output: TextIO | None = None) -> Callable[[Event], None]:
+    """Node log lines to `output`, by default this process's stdout as it is now: while the engine runs the
+    DAG, fd 1 is redirected to the launch's Airflow log, so the lines go to a duplicate of the real one."""
     lock = threading.Lock()
+    if output is None:
+        sys.stdout.flush()
+        output = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
 
     def listener(event: Event) -> None:
         if event.kind == "log":
@@ -160,7 +210,11 @@ def launch(
         raise ClusterError(
             "down=True cannot be combined with detach_run=True: the cluster would go down under the job"
         )
-    name = sanitize_cluster_name(cluster_name or f"sky-{task.name or 'job'}")
+    name = (
+        check_cluster_name(cluster_name)
+        if cluster_name
+        else sanitize_cluster_name(f"sky-{task.name or 'job'}")
+    )
     options = LaunchOptions(
         cluster_name=name,
         infra=infra or task.resources.infra or "local",
@@ -168,7 +222,7 @@ def launch(
         setup=not no_setup,
         follow=not detach_run,
     )
-    return _handle_of(run(task, options, _printing_listener(sys.stdout) if stream_logs else None))
+    return _handle_of(run(task, options, _printing_listener() if stream_logs else None))
 
 
 def exec(
@@ -185,7 +239,7 @@ def exec(
         must_exist=True,
         follow=not detach_run,
     )
-    return _handle_of(run(task, options, _printing_listener(sys.stdout) if stream_logs else None))
+    return _handle_of(run(task, options, _printing_listener() if stream_logs else None))
 
 
 def _handle_of(outcome: JobOutcome) -> tuple[int | None, JobHandle | None]:
@@ -201,9 +255,16 @@ def _handle_of(outcome: JobOutcome) -> tuple[int | None, JobHandle | None]:
 
 
 def tail_logs(
-    cluster_name: str, job_id: int | None = None, follow: bool = True, output: TextIO | None = None
+    cluster_name: str,
+    job_id: int | None = None,
+    follow: bool = True,
+    output: TextIO | None = None,
+    tail: int = 0,
 ) -> int:
-    """Print a job's node-prefixed logs (following until it ends); returns 0 if it SUCCEEDED, else 1."""
+    """Print a job's node-prefixed logs (following until it ends); returns 0 if it SUCCEEDED, else 1.
+
+    `tail` > 0: each node's run log from its last `tail` lines, as `sky logs --tail N`.
+    """
     out = output or sys.stdout
     lock = threading.Lock()
 
@@ -212,8 +273,24 @@ def tail_logs(
             print(line, file=out, flush=True)
 
     with _jobs(cluster_name) as cluster_jobs:
-        record = cluster_jobs.tail(job_id, emit, follow=follow)
+        record = cluster_jobs.tail(job_id, emit, follow=follow, tail_lines=tail)
     return 0 if record.get("status") == JobStatus.SUCCEEDED else 1
+
+
+def logs_dir() -> Path:
+    """Where `download_logs` writes: ~/sky_logs, as SkyPilot's `sky logs --sync-down`."""
+    return Path(os.path.expanduser("~/sky_logs"))
+
+
+def download_logs(
+    cluster_name: str, job_id: int | None = None, local_dir: str | os.PathLike[str] | None = None
+) -> tuple[int, Path, list[Path]]:
+    """Every node's log of a job (the latest by default) into `<local_dir>/<cluster>/<job id>-<name>/`:
+    `<rank>-head.log`, `<rank>-worker<N>.log` (the run) and `setup-head.log`, ... (setup), as SkyPilot names
+    them; returns (job id, that folder, the files)."""
+    folder = Path(local_dir) if local_dir is not None else logs_dir()
+    with _jobs(cluster_name) as cluster_jobs:
+        return cluster_jobs.download(job_id, folder / cluster_name)
 
 
 def job_status(cluster_name: str, job_ids: Sequence[int] | None = None) -> dict[int, JobStatus | None]:
@@ -251,6 +328,89 @@ def down(cluster_name: str) -> None:
         raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
     cluster.terminate()
     forget(cluster_name)
+
+
+def stop(cluster_name: str) -> None:
+    """Stop every node of a cluster, keeping its disks (`sky stop`); `start` or a launch starts it again.
+
+    The nodes stop themselves the way autostop stops them, so only infras with autostop can (local, aws,
+    gcp); an ssh pool's hosts are not airflow-sky's to stop.
+    """
+    from airflow_sky.infra.base import NodeStatus
+
+    cluster = cluster_of(cluster_name)
+    nodes = cluster.nodes()
+    if not nodes:
+        raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
+    try:
+        action = cluster.cloud.autostop_action(cluster_name, down=False)
+        cluster.cloud.prepare_autostop(cluster_name, down=False)
+    except ClusterError as e:
+        raise ClusterError(
+            f"cannot stop cluster {cluster_name!r}: the {cluster.infra} infra cannot stop its nodes "
+            f"({_first_clause(e)}); end it with: airflow-sky down {cluster_name}"
+        ) from e
+    running = [n for n in nodes if n.status is NodeStatus.RUNNING]
+    for node in running:
+        with cluster.client(node) as client:
+            rc, _, err = client.exec(
+                f"nohup sh -c {shlex.quote('sleep 1; ' + action)} >/dev/null 2>&1 &", timeout=60
+            )
+        if rc != 0:
+            raise ClusterError(f"could not stop rank {node.rank}: {err.decode(errors='replace').strip()}")
+    _wait_for(cluster, NodeStatus.STOPPED, f"cluster {cluster_name!r} did not stop")
+
+
+def start(cluster_name: str) -> None:
+    """Start a stopped cluster again (same disks), as `sky start`; its nodes may get new addresses."""
+    from airflow_sky.infra.base import NodeStatus, ProvisionRequest
+
+    cluster = cluster_of(cluster_name)
+    nodes = cluster.nodes()
+    if not nodes:
+        raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
+    if all(n.status is NodeStatus.RUNNING for n in nodes):
+        return
+    if not any(n.status is NodeStatus.STOPPED for n in nodes):
+        states = ", ".join(sorted({n.status.value for n in nodes}))
+        raise ClusterError(f"cluster {cluster_name!r} is not stopped ({states}); nothing to start")
+    started = cluster.cloud.provision(ProvisionRequest(cluster_name=cluster_name, num_nodes=len(nodes)))
+    cluster_again = cluster_of(cluster_name)
+    ssh_config.write_entries(cluster_name, started, cluster_again.key_files(started))
+
+
+def autostop(cluster_name: str, idle_minutes: int | None, down: bool = False) -> None:
+    """Arm every node's autostop watcher (`sky autostop -i N [--down]`); idle_minutes None cancels it."""
+    from airflow_sky.task import Resources
+
+    cluster = cluster_of(cluster_name)
+    nodes = cluster.nodes()
+    if not nodes:
+        raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
+    if idle_minutes is not None and idle_minutes < 0:
+        raise SpecError(f"-i/--idle-minutes: must be >= 0, got {idle_minutes}")
+    config: dict[str, Any] | bool = (
+        False if idle_minutes is None else {"idle_minutes": idle_minutes, "down": down}
+    )
+    cluster.arm_autostop(nodes, Resources().copy(autostop=config))
+
+
+_STOP_WAIT_S = 600.0  # a cloud VM takes minutes to stop
+
+
+def _wait_for(cluster: Cluster, wanted: Any, failure: str) -> None:
+    deadline = time.monotonic() + _STOP_WAIT_S
+    while time.monotonic() < deadline:
+        nodes = cluster.nodes()
+        if nodes and all(n.status is wanted for n in nodes):
+            return
+        time.sleep(1.0)
+    states = ", ".join(f"rank {n.rank}: {n.status.value}" for n in cluster.nodes())
+    raise ClusterError(f"{failure} within {_STOP_WAIT_S:.0f}s ({states})")
+
+
+def _first_clause(error: Exception) -> str:
+    return str(error).split(";", 1)[0].split(": ", 1)[-1]
 
 
 def status(cluster_names: Sequence[str] | None = None, infra: str = "local") -> list[dict[str, Any]]:

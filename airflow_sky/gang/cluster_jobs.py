@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from airflow_sky.errors import ClusterError, RemoteError
@@ -172,14 +173,23 @@ class ClusterJobs:
     # ---- logs ------------------------------------------------------------------------------------------
 
     def tail(
-        self, job_id: int | None, emit: Callable[[int, str], None], follow: bool = True
+        self,
+        job_id: int | None,
+        emit: Callable[[int, str], None],
+        follow: bool = True,
+        tail_lines: int = 0,
     ) -> dict[str, Any]:
-        """Print the job's setup then run logs, node-prefixed; with `follow`, until the job ends."""
+        """Print the job's setup then run logs, node-prefixed; with `follow`, until the job ends.
+
+        `tail_lines` > 0: each node's log from its last `tail_lines` lines (the run only, as `sky logs --tail`).
+        """
         state = self.state(job_id)
-        for phase in PHASES:
+        for phase in PHASES if tail_lines <= 0 else ("run",):
             ranks = self.phase_ranks(state, phase)
             threads = [
-                threading.Thread(target=self._tail_node, args=(state, phase, rank, emit, follow), daemon=True)
+                threading.Thread(
+                    target=self._tail_node, args=(state, phase, rank, emit, follow, tail_lines), daemon=True
+                )
                 for rank in ranks
             ]
             for thread in threads:
@@ -195,7 +205,13 @@ class ClusterJobs:
         return self.record(state.job_id)
 
     def _tail_node(
-        self, state: js.JobState, phase: Phase, rank: int, emit: Callable[[int, str], None], follow: bool
+        self,
+        state: js.JobState,
+        phase: Phase,
+        rank: int,
+        emit: Callable[[int, str], None],
+        follow: bool,
+        tail_lines: int = 0,
     ) -> None:
         job = f"{state.job_id}-{phase}"
         node = next((n for n in job_nodes_of(state) if n.rank == rank), None) or next(
@@ -223,7 +239,13 @@ class ClusterJobs:
                         time.sleep(1.0)
                         continue
                     tail = LogTail(
-                        client, job, generation, phase == "setup", lambda line: emit(rank, line), keep=0
+                        client,
+                        job,
+                        generation,
+                        phase == "setup",
+                        lambda line: emit(rank, line),
+                        offset=_last_lines_offset(client, job, generation, tail_lines),
+                        keep=0,
                     )
                 poll = tail.poll()
                 if tail.ended or (not follow and poll.caught_up):
@@ -237,6 +259,32 @@ class ClusterJobs:
             )
         finally:
             client.close()
+
+    def download(self, job_id: int | None, folder: Path) -> tuple[int, Path, list[Path]]:
+        """Every node's setup and run log of a job into `folder/<job id>-<name>/`, as `sky logs --sync-down`.
+
+        Run logs are named as SkyPilot names them on a multi-node cluster, `<rank>-head.log` and
+        `<rank>-worker<N>.log`; setup logs `setup-head.log`, `setup-worker<N>.log`. Returns the job id, the
+        folder and the files written.
+        """
+        state = self.state(job_id)
+        name = str(state.info.get("name") or "job")
+        target = folder / f"{state.job_id}-{name}"
+        target.mkdir(parents=True, exist_ok=True)
+        nodes = {n.rank: n for n in job_nodes_of(state)}
+        written: list[Path] = []
+        for phase in PHASES:
+            for rank in self.phase_ranks(state, phase):
+                role = "head" if rank == 0 else f"worker{rank}"
+                generation = state.generation if phase == "run" else state.setup_generation(rank)
+                path = target / (f"setup-{role}.log" if phase == "setup" else f"{rank}-{role}.log")
+                client = self.cluster.client(nodes.get(rank) or next(n for n in self.nodes if n.rank == rank))
+                try:
+                    if _copy_log(client, f"{state.job_id}-{phase}", generation, path):
+                        written.append(path)
+                finally:
+                    client.close()
+        return state.job_id, target, written
 
     def _status(self, state: js.JobState) -> JobStatus:
         current = self.states.get(state.job_id)
@@ -266,6 +314,40 @@ def _phase_over(status: JobStatus, phase: Phase) -> bool:
     if phase == "setup":
         return status not in (JobStatus.INIT, JobStatus.PENDING, JobStatus.SETTING_UP)
     return status.is_terminal
+
+
+def _last_lines_offset(client: NodeClient, job: str, generation: int, lines: int) -> int:
+    """Where the last `lines` lines of a job's log begin (0: the whole log, also for lines <= 0)."""
+    if lines <= 0:
+        return 0
+    size = jobs.read_job(client, job, generation, 0, max_bytes=0, want_pid=False).log_size
+    window = 64 * 1024
+    while True:
+        start = max(0, size - window)
+        data = jobs.read_job(client, job, generation, start, max_bytes=size - start, want_pid=False).data
+        body = data[:-1] if data.endswith(b"\n") else data  # a last line without its newline yet counts
+        breaks = [i for i, byte in enumerate(body) if byte == 0x0A]
+        if len(breaks) >= lines:
+            return start + breaks[-lines] + 1
+        if start == 0:
+            return 0
+        window *= 4
+
+
+def _copy_log(client: NodeClient, job: str, generation: int, path: Path) -> bool:
+    """A node's whole log of one job phase into `path`; False when it never started there."""
+    offset = 0
+    with path.open("wb") as out:
+        while True:
+            poll = jobs.read_job(client, job, generation, offset, want_pid=False)
+            if poll.missing:
+                break
+            out.write(poll.data)
+            offset = poll.next_offset
+            if not poll.data or offset >= poll.log_size:
+                return True
+    path.unlink()
+    return False
 
 
 def job_nodes_of(state: js.JobState) -> list[Node]:

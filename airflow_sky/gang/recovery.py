@@ -42,6 +42,14 @@ class Decision:
     reason: str
 
 
+def lost_nodes(ranks: Sequence[int]) -> str:
+    """'node of rank 1 lost', 'nodes of ranks 0, 2 lost' (no nested parentheses: messages quote it in some)."""
+    ordered = sorted(ranks)
+    if len(ordered) == 1:
+        return f"node of rank {ordered[0]} lost"
+    return f"nodes of ranks {', '.join(str(r) for r in ordered)} lost"
+
+
 def decide(
     unhealthy_ranks: Sequence[int],
     exit_code: int | None,
@@ -51,12 +59,10 @@ def decide(
 ) -> Decision:
     """The action for a fault: `exit_code` is the failing rank's code, None when its process was lost."""
     if unhealthy_ranks:
-        nodes = ", ".join(str(r) for r in sorted(unhealthy_ranks))
+        lost = lost_nodes(unhealthy_ranks)
         if state.recoveries + state.restarts >= max_recoveries:
-            return Decision(
-                Action.FAIL, f"node(s) of rank {nodes} lost; gave up after {max_recoveries} recoveries"
-            )
-        return Decision(Action.RECOVER, f"node(s) of rank {nodes} lost")
+            return Decision(Action.FAIL, f"{lost}; gave up after {max_recoveries} recoveries")
+        return Decision(Action.RECOVER, lost)
     if exit_code is None:
         return Decision(Action.FAIL, "the job's process disappeared while every node is up")
     if exit_code in policy.recover_on_exit_codes:

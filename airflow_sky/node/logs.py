@@ -10,7 +10,7 @@ def node_prefix(rank: int, pid: int | None, ip: str | None = None, setup: bool =
     role = "head" if rank == 0 else f"worker{rank}"
     if setup:
         role = f"setup {role}"
-    parts = [role, f"rank={rank}", f"pid={pid if pid is not None else '?'}"]
+    parts = [role, f"rank={rank}"] + ([f"pid={pid}"] if pid is not None else [])  # no pid known: none shown
     if rank != 0 and ip:
         parts.append(f"ip={ip}")
     return "(" + ", ".join(parts) + ")"

@@ -14,7 +14,7 @@ from airflow_sky.infra.local.state_store import LocalStateStore
 from airflow_sky.task import JobRecovery
 
 RESTART = Decision(Action.RESTART, "exit code 1, restarts left")
-RECOVER = Decision(Action.RECOVER, "node(s) of rank 1 lost")
+RECOVER = Decision(Action.RECOVER, "node of rank 1 lost")
 
 
 def running(generation: int = 0, **changes) -> js.JobState:

@@ -50,7 +50,7 @@ def test_two_followers_with_different_health_views_relaunch_the_job_once(local_c
 
     # Follower A believes rank 1's node is lost (RECOVER); follower B sees a plain error (RESTART).
     views = {
-        0: lambda state, rank, code, unhealthy: Decision(Action.RECOVER, "A: node(s) of rank 1 lost"),
+        0: lambda state, rank, code, unhealthy: Decision(Action.RECOVER, "A: node of rank 1 lost"),
         1: lambda state, rank, code, unhealthy: Decision(Action.RESTART, "B: exit code 1, restart 1"),
     }
     logs: dict[int, list[str]] = {0: [], 1: []}
@@ -136,7 +136,7 @@ def test_a_cancel_during_a_recovery_ends_the_job_and_nothing_of_the_new_generati
         setup='touch "$PROBE/setup-$SKYPILOT_SETUP_NODE_RANK"; sleep 6',
     )
     LocalCloud().preempt(cluster.name, 1)
-    decision = Decision(Action.RECOVER, "node(s) of rank 1 lost")
+    decision = Decision(Action.RECOVER, "node of rank 1 lost")
     states.update(handle.job_id, lambda s: js.claim_relaunch(s, 0, decision, time.time()))
     errors: list[BaseException] = []
 

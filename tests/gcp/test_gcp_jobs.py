@@ -66,7 +66,7 @@ with DAG("gcp_spot_job", schedule=None) as dag:
     starts = [line.split() for line in (tmp_path / "starts").read_text().splitlines()]
     by_generation = {g: sorted(s[0] for s in starts if s[1] == g) for g in ("0", "1")}
     assert by_generation == {"0": ["0", "1"], "1": ["0", "1"]}, starts
-    assert "RECOVER: node(s) of rank 1 lost" in result.output
+    assert "RECOVER: node of rank 1 lost" in result.output
     assert sorted((tmp_path / "setups").read_text().split()).count("1") == 2  # the new VM was set up
     info = json.loads((tmp_path / "info-0").read_text())
     assert (info["cloud"], info["region"], info["cluster_name"]) == ("gcp", REGION, cluster)

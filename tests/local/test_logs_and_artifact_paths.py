@@ -14,7 +14,7 @@ from airflow_sky.task.redaction import redactor
 def test_prefixes_match_skypilot():
     assert node_prefix(0, 17894, "10.0.0.6") == "(head, rank=0, pid=17894)"
     assert node_prefix(1, 15406, "10.0.0.7") == "(worker1, rank=1, pid=15406, ip=10.0.0.7)"
-    assert node_prefix(2, None, "10.0.0.8", setup=True) == "(setup worker2, rank=2, pid=?, ip=10.0.0.8)"
+    assert node_prefix(2, None, "10.0.0.8", setup=True) == "(setup worker2, rank=2, ip=10.0.0.8)"
 
 
 def test_line_splitter_joins_chunks_and_keeps_the_tail():

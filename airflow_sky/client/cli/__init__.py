@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from airflow_sky.errors import SkyError
 
@@ -14,6 +16,7 @@ from airflow_sky.errors import SkyError
 _SUBCOMMAND_MODULES = ("check", "launch", "jobs", "local")
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a process killed by SIGPIPE: `airflow-sky logs C | head`
 POOL_FILE_HELP = "ssh node pools file (SkyPilot's ssh_node_pools.yaml format) for infra ssh/<pool>"
 
 
@@ -44,6 +47,22 @@ def _select_pool_file(path: str | None) -> None:
     os.environ[POOL_FILE_ENV] = resolved
 
 
+def _check_cluster_names(args: argparse.Namespace) -> None:
+    """Every cluster name on the command line: one SkyPilot refuses is refused, before anything runs; one it
+    accepts that is no host name label here (`Dev_Box`) is used as one (`dev-box`), and said so."""
+    from airflow_sky.client.sdk import check_cluster_name, cluster_name_note
+
+    if getattr(args, "command", None) == "ssh" and args.cluster in ("check", "unlock"):
+        return  # `ssh check|unlock POOL` names a pool
+    if isinstance(getattr(args, "cluster", None), str):
+        note = cluster_name_note(args.cluster)
+        if note is not None:
+            print(f"airflow-sky: note: {note}", file=sys.stderr)
+        args.cluster = check_cluster_name(args.cluster)
+    if isinstance(getattr(args, "clusters", None), list):
+        args.clusters = [check_cluster_name(name) for name in args.clusters]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from airflow_sky.client.engine import bind_private_home
@@ -51,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bind_private_home()  # the CLI never runs in a user's real Airflow, not even to import a hook
     try:
         _select_pool_file(args.pool_file)
+        _check_cluster_names(args)
         return int(args.handler(args))
     except SkyError as e:
         print(f"airflow-sky: error: {e}", file=sys.stderr)
@@ -58,7 +78,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("airflow-sky: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return silence_stdout()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def silence_stdout() -> int:
+    """The reader of stdout went away (`| head`): send what is still buffered nowhere, quietly.
+
+    Python would otherwise report the failed flush at exit ("Exception ignored ... BrokenPipeError").
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+class PipeSafeOutput:
+    """stdout for output written from several threads (node logs), once its reader has gone (`| head`).
+
+    `exit=True` (commands that only read, like logs): the command ends there, quietly, as a process killed
+    by SIGPIPE does, instead of each thread printing a BrokenPipeError traceback. `exit=False` (launch,
+    exec): the output is dropped and the command goes on, so the job still runs to its end and the exit
+    status still says how it ended.
+    """
+
+    def __init__(self, stream: TextIO, exit: bool = True) -> None:
+        self._stream = stream
+        self._exit = exit
+        self.closed_by_reader = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_by_reader:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_by_reader:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding...: the stream's
+        return getattr(self._stream, name)
+
+    def _gone(self) -> None:
+        self.closed_by_reader = True
+        if self._exit:
+            os._exit(silence_stdout())
+        # From here on, nowhere; closed now, so the unwritten rest fails no flush at exit.
+        broken, self._stream = self._stream, open(os.devnull, "w")  # noqa: SIM115 - lives as long as this
+        with contextlib.suppress(OSError):
+            broken.close()

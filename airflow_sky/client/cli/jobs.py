@@ -6,13 +6,14 @@ import argparse
 import os
 import shutil
 import sys
+import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO, cast
 
 from rich.console import Console
 from rich.table import Table
 
-from airflow_sky.errors import ClusterError
+from airflow_sky.errors import ClusterError, SpecError
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +25,19 @@ def register(subparsers: Any) -> None:
     logs.add_argument("cluster")
     logs.add_argument("job_id", nargs="?", type=int, help="default: the latest job")
     logs.add_argument("--no-follow", action="store_true", help="print what is there and return")
+    logs.add_argument(
+        "--tail",
+        type=int,
+        default=0,
+        metavar="N",
+        help="start with the last N lines of each node's log (default 0: all of it)",
+    )
+    logs.add_argument(
+        "-s",
+        "--sync-down",
+        action="store_true",
+        help="download the job's logs, one file per node, into ~/sky_logs/CLUSTER/JOB-NAME/ (as sky does)",
+    )
     logs.add_argument(
         "--status", action="store_true", help="print the job's status only; exit 0 only if it SUCCEEDED"
     )
@@ -50,38 +64,88 @@ def register(subparsers: Any) -> None:
     ssh.set_defaults(handler=_ssh)
 
 
-def _when(timestamp: Any) -> str:
-    if not timestamp:
+def _ago(timestamp: Any, now: float) -> str:
+    """`sky queue`'s relative time: '5 mins ago'."""
+    when = _epoch(timestamp)
+    if when is None:
         return "-"
+    seconds = max(0, int(now - when))
+    for size, unit in ((86400, "day"), (3600, "hr"), (60, "min")):
+        if seconds >= size:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count > 1 else ''} ago"
+    return f"{seconds} secs ago" if seconds != 1 else "1 sec ago"
+
+
+def _duration(started: Any, ended: Any, now: float) -> str:
+    start = _epoch(started)
+    if start is None:
+        return "-"
+    end = _epoch(ended) or now
+    seconds = max(0, int(end - start))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h {rest // 60}m" if hours else f"{rest // 60}m {rest % 60}s"
+
+
+def _epoch(timestamp: Any) -> float | None:
+    if not timestamp:
+        return None
     if isinstance(timestamp, str):
-        return timestamp.replace("T", " ")[:19]
-    return datetime.fromtimestamp(float(timestamp), UTC).strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            parsed = datetime.fromisoformat(timestamp)
+        except ValueError:
+            return None
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    return float(timestamp)
+
+
+def failure_of(record: dict[str, Any]) -> str:
+    """'rank 1: exit 4' for a failed job (the rank that failed first and its exit code), else '-'."""
+    rank = record.get("failed_rank")
+    if rank is None:
+        return "-"
+    code = record.get("failed_exit_code")
+    return f"rank {rank}: exit {'?' if code is None else code}"
 
 
 def _queue(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
 
     records = sdk.queue(args.cluster)
+    now = time.time()
     table = Table(title=f"Job queue of {args.cluster}")
-    for column in ("ID", "NAME", "SUBMITTED", "STARTED", "ENDED", "NODES", "STATUS"):
-        table.add_column(column)
+    for column in ("ID", "NAME", "SUBMITTED", "DURATION", "NODES", "STATUS", "FAILED"):
+        # Only the name gives way on a narrow terminal (folded); the rest stay whole.
+        table.add_column(
+            column, overflow="fold", no_wrap=column != "NAME", min_width=4 if column == "NAME" else None
+        )
     for record in reversed(records):
         table.add_row(
             str(record["job_id"]),
             str(record.get("name") or "-"),
-            _when(record.get("submitted_at")),
-            _when(record.get("started_at")),
-            _when(record.get("ended_at")),
+            _ago(record.get("submitted_at"), now),
+            _duration(record.get("started_at"), record.get("ended_at"), now),
             str(record.get("num_nodes") or "-"),
             str(record.get("status")),
+            failure_of(record),
         )
-    Console(soft_wrap=True).print(table)
+    terminal_console().print(table)
     return 0
+
+
+def terminal_console() -> Console:
+    """A console for tables: as wide as the terminal (or $COLUMNS), 80 columns when not a terminal."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 80)
 
 
 def _logs(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
+    from airflow_sky.client.cli import PipeSafeOutput
 
+    if args.tail < 0:
+        raise SpecError(f"--tail: must be >= 0, got {args.tail}")
+    if args.sync_down and args.status:
+        raise SpecError("--sync-down and --status cannot be combined (ambiguous); give one of them")
     if args.status:
         statuses = sdk.job_status(args.cluster, [args.job_id] if args.job_id is not None else None)
         job_id, status = next(iter(statuses.items()))
@@ -89,7 +153,12 @@ def _logs(args: argparse.Namespace) -> int:
             raise ClusterError(f"cluster {args.cluster!r} has no job {job_id}")
         print(f"Job {job_id}: {status.value}")
         return 0 if status.value == "SUCCEEDED" else 1
-    return sdk.tail_logs(args.cluster, args.job_id, follow=not args.no_follow)
+    if args.sync_down:
+        job_id, folder, files = sdk.download_logs(args.cluster, args.job_id)
+        print(f"Job {job_id} logs ({len(files)} files): {folder}")
+        return 0
+    output = cast(TextIO, PipeSafeOutput(sys.stdout))
+    return sdk.tail_logs(args.cluster, args.job_id, follow=not args.no_follow, output=output, tail=args.tail)
 
 
 def _cancel(args: argparse.Namespace) -> int:

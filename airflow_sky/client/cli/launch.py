@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -33,8 +33,13 @@ def register(subparsers: Any) -> None:
     down.add_argument(
         "--down", dest="down", action="store_true", help="tear the cluster down when the job ends"
     )
-    down.add_argument("--no-down", dest="down", action="store_false", help="keep the cluster (the default)")
-    launch.set_defaults(down=False)
+    down.add_argument(
+        "--no-down",
+        dest="down",
+        action="store_false",
+        help="keep the cluster (the default for one task; a pipeline's clusters go down unless given)",
+    )
+    launch.set_defaults(down=None)  # a task's cluster is kept; a pipeline's clusters go down (see --no-down)
     launch.add_argument("--no-setup", action="store_true", help="skip the setup section")
     launch.add_argument(
         "-i",
@@ -72,9 +77,38 @@ def register(subparsers: Any) -> None:
     status.add_argument("--infra", default="local", help="infra to query (default: local)")
     status.set_defaults(handler=_status)
 
-    down_cmd = subparsers.add_parser("down", help="tear a cluster down")
+    down_cmd = subparsers.add_parser(
+        "down", help="tear clusters down (asks first on a terminal, as sky does)"
+    )
     down_cmd.add_argument("clusters", nargs="+", help="cluster names")
+    down_cmd.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     down_cmd.set_defaults(handler=_down)
+
+    stop = subparsers.add_parser(
+        "stop",
+        help="stop a cluster's nodes, keeping their disks (local, aws, gcp); `start` or a launch restarts",
+    )
+    stop.add_argument("clusters", nargs="+", help="cluster names")
+    stop.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    stop.set_defaults(handler=_stop)
+
+    start = subparsers.add_parser("start", help="start a stopped cluster again (same disks)")
+    start.add_argument("clusters", nargs="+", help="cluster names")
+    start.add_argument("-y", "--yes", action="store_true", help="accepted, as sky's; start never asks")
+    start.set_defaults(handler=_start)
+
+    autostop = subparsers.add_parser(
+        "autostop", help="stop (or, with --down, end) a cluster's nodes once idle for N minutes"
+    )
+    autostop.add_argument("clusters", nargs="+", help="cluster names")
+    when = autostop.add_mutually_exclusive_group(required=True)
+    when.add_argument(
+        "-i", "--idle-minutes", type=int, metavar="N", help="idle minutes before the nodes stop themselves"
+    )
+    when.add_argument("--cancel", action="store_true", help="cancel the cluster's autostop")
+    autostop.add_argument("--down", action="store_true", help="end the nodes (autodown) instead of stopping")
+    autostop.add_argument("-y", "--yes", action="store_true", help="accepted, as sky's; autostop never asks")
+    autostop.set_defaults(handler=_autostop)
 
 
 def _add_task_overrides(parser: argparse.ArgumentParser) -> None:
@@ -124,17 +158,23 @@ def _infra(args: argparse.Namespace, task: Task) -> str:
     return str(args.infra or task.resources.infra or "local")
 
 
-def _run(task: Task, options: Any, task_file: str) -> int:
-    """Run the launch in this process, printing progress; Ctrl-C detaches (the job keeps running)."""
+def _run(task: Task, options: Any, task_file: str, outcomes: list[Any] | None = None) -> int:
+    """Run the launch in this process, printing progress; Ctrl-C detaches (the job keeps running).
+
+    `outcomes` receives the launch's JobOutcome (a pipeline's next job reads its result).
+    """
     from airflow_sky.client import sdk
+    from airflow_sky.client.cli import PipeSafeOutput
     from airflow_sky.client.cli.progress import ProgressPrinter, print_summary
 
     # A handle on the real stdout: while the DAG runs, fd 1 goes to the launch's Airflow log file.
+    # `launch ... | head`: once the reader is gone, the output is dropped and the job still runs to its end.
+    terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     console = Console(
-        file=os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1), highlight=False, soft_wrap=True
+        file=cast(TextIO, PipeSafeOutput(terminal, exit=False)), highlight=False, soft_wrap=True
     )
     started_at = time.time()
-    printer = ProgressPrinter(console)
+    printer = ProgressPrinter(console, down=options.down, new_nodes=not options.must_exist)
     job: dict[str, Any] = {}
     main_pid = os.getpid()
 
@@ -167,6 +207,8 @@ def _run(task: Task, options: Any, task_file: str) -> int:
     previous = signal.signal(signal.SIGINT, detach)
     try:
         outcome = sdk.run(task, options, listener, task_file)
+        if outcomes is not None:
+            outcomes.append(outcome)
     finally:
         signal.signal(signal.SIGINT, previous)
         printer.close()
@@ -176,7 +218,7 @@ def _run(task: Task, options: Any, task_file: str) -> int:
             f"{outcome.cluster_name} {outcome.job_id}; status: airflow-sky logs --status {outcome.cluster_name} {outcome.job_id}"
         )
         return 0 if outcome.state == "success" else 1
-    print_summary(console, outcome, started_at)
+    print_summary(console, outcome, started_at, _queue_status(outcome, options))
     if not options.down and outcome.job_id is not None:
         autostop = task.resources.autostop
         when = ""
@@ -187,6 +229,20 @@ def _run(task: Task, options: Any, task_file: str) -> int:
             f"Cluster {outcome.cluster_name} is kept{when}. Down now with: airflow-sky down {outcome.cluster_name}"
         )
     return 0 if outcome.succeeded else 1
+
+
+def _queue_status(outcome: Any, options: Any) -> str | None:
+    """The job's status as `queue` shows it (FAILED_SETUP, CANCELLED, ...): read from the kept cluster."""
+    if options.down or outcome.job_id is None:
+        return None
+    from airflow_sky.client import sdk
+    from airflow_sky.errors import SkyError
+
+    try:
+        status = sdk.job_status(outcome.cluster_name, [outcome.job_id]).get(outcome.job_id)
+    except SkyError:
+        return None
+    return status.value if status is not None else None
 
 
 def _detach_message(
@@ -221,6 +277,13 @@ def _stop_helpers() -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    from airflow_sky.gang.job import sanitize_cluster_name
+    from airflow_sky.task.pipeline import is_pipeline_file
+
+    if is_pipeline_file(args.file):
+        from airflow_sky.client.cli.pipeline_launch import launch_pipeline
+
+        return launch_pipeline(args, _run)
     task = _task_with_overrides(args)
     infra = _infra(args, task)
     if args.dryrun:
@@ -228,7 +291,7 @@ def _launch(args: argparse.Namespace) -> int:
 
         print_plan(task, infra, Console(highlight=False, soft_wrap=True))
         return 0
-    cluster = args.cluster or f"sky-{secrets.token_hex(2)}-{getpass.getuser()}"
+    cluster = args.cluster or sanitize_cluster_name(f"sky-{secrets.token_hex(2)}-{getpass.getuser()}")
     if not args.yes and sys.stdin.isatty():
         answer = input(
             f"Launching {task.name or 'a task'} on cluster {cluster} ({infra}, {task.num_nodes} nodes). Proceed? [Y/n] "
@@ -236,14 +299,12 @@ def _launch(args: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("", "y", "yes"):
             print("Aborted.")
             return 1
-    down = args.down
+    down = bool(args.down)
     if args.idle_minutes is not None:
         if args.idle_minutes < 0:
             raise SpecError(f"--idle-minutes-to-autostop: must be >= 0, got {args.idle_minutes}")
         # As `sky launch -i N [--down]`: the nodes stop (or, with --down, end) themselves once idle.
-        task.set_resources(
-            task.resources.copy(autostop={"idle_minutes": args.idle_minutes, "down": args.down})
-        )
+        task.set_resources(task.resources.copy(autostop={"idle_minutes": args.idle_minutes, "down": down}))
         down = False
     if args.detach_run and down:
         raise SpecError(
@@ -285,15 +346,16 @@ def _exec(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
+    from airflow_sky.client.cli.jobs import terminal_console
 
     clusters = sdk.status(args.clusters or None, infra=args.infra)
-    console = Console(highlight=False, soft_wrap=True)
+    console = terminal_console()
     if not clusters:
         console.print(f"No clusters on {args.infra}.")
         return 0
     table = Table(title=f"Clusters ({args.infra})")
-    for column in ("cluster", "nodes", "head ip", "status"):
-        table.add_column(column)
+    for column in ("NAME", "NODES", "HEAD IP", "STATUS"):
+        table.add_column(column, overflow="fold")
     for cluster in clusters:
         nodes = cluster["nodes"]
         table.add_row(
@@ -303,10 +365,58 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _confirm(args: argparse.Namespace, question: str) -> bool:
+    """Ask on a terminal unless -y, as sky does; without a terminal (a script, CI) never ask."""
+    if args.yes or not sys.stdin.isatty():
+        return True
+    answer = input(f"{question} Proceed? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
 def _down(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
 
+    if not _confirm(
+        args, f"Terminating cluster(s) {', '.join(args.clusters)}: their nodes and disks are deleted."
+    ):
+        print("Aborted.")
+        return 1
     for name in args.clusters:
         sdk.down(name)
         print(f"Cluster {name} terminated.")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from airflow_sky.client import sdk
+
+    if not _confirm(args, f"Stopping cluster(s) {', '.join(args.clusters)} (disks are kept)."):
+        print("Aborted.")
+        return 1
+    for name in args.clusters:
+        sdk.stop(name)
+        print(f"Cluster {name} stopped. Start it again with: airflow-sky start {name}")
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    from airflow_sky.client import sdk
+
+    for name in args.clusters:
+        sdk.start(name)
+        print(f"Cluster {name} started.")
+    return 0
+
+
+def _autostop(args: argparse.Namespace) -> int:
+    from airflow_sky.client import sdk
+
+    for name in args.clusters:
+        if args.cancel:
+            sdk.autostop(name, None)
+            print(f"Autostop of cluster {name} cancelled.")
+            continue
+        sdk.autostop(name, args.idle_minutes, down=args.down)
+        verb = "end" if args.down else "stop"
+        print(f"Cluster {name}: its nodes {verb} themselves after {args.idle_minutes} idle minute(s).")
     return 0

@@ -30,8 +30,19 @@ _RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "br
 class ProgressPrinter:
     """Listener for engine events: node-prefixed log lines, phase headers, a live status on a terminal."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, down: bool = True, new_nodes: bool = True) -> None:
+        """`down`: the cluster goes down after the job (else "Tearing down" is never shown); `new_nodes`:
+        the launch may provision (an exec only uses the nodes there are)."""
         self.console = console
+        self._titles = dict(_STEP_TITLES)
+        if not down:
+            self._titles["teardown"] = "Finishing (the cluster is kept)"
+        if not new_nodes:
+            self._titles["provision"] = "Checking the cluster's nodes"
+        # A phase's header comes with its start tasks: node lines are read from then on.
+        self._headers = {"setup_start", "run_start", "sync"}
+        self._headers |= {"provision"} if new_nodes else set()
+        self._headers |= {"teardown"} if down else set()
         self._seen_steps: set[str] = set()
         self._done: dict[str, int] = {}
         self._nodes = 0
@@ -56,8 +67,9 @@ class ProgressPrinter:
             )
         elif event.kind == "task_started" and event.step not in self._seen_steps:
             self._seen_steps.add(event.step)
-            if event.step in ("setup_follow", "run_follow", "provision", "sync", "teardown"):
-                self.console.print(f"[bold blue]⚙ {_STEP_TITLES.get(event.step, event.step)}[/]")
+            if event.step in self._headers:
+                title = self._titles.get(event.step.replace("_start", "_follow"), event.step)
+                self.console.print(f"[bold blue]⚙ {title}[/]")
         elif event.kind == "task_done":
             self._done[event.step] = self._done.get(event.step, 0) + 1
         elif event.kind == "log":
@@ -66,6 +78,8 @@ class ProgressPrinter:
             line = Text(prefix + ")", style=style)
             line.append(" " + rest)
             self.console.print(line, highlight=False, soft_wrap=True)
+        elif event.kind == "relaunch":
+            self.console.print(f"[bold yellow]⟳ {event.text}[/]", highlight=False)
         elif event.kind == "task_failed" and not event.step.endswith("_follow"):
             self.console.print(
                 f"[red]✗ {event.step} failed: {event.text.splitlines()[0] if event.text else ''}[/]"
@@ -79,13 +93,16 @@ class ProgressPrinter:
     def _update_status(self, event: Event) -> None:
         if self._status is None:
             return
-        title = _STEP_TITLES.get(event.step, event.step)
+        title = self._titles.get(event.step, event.step)
         done = self._done.get(event.step, 0)
         suffix = f" ({done}/{self._nodes} nodes done)" if self._nodes and event.rank is not None else ""
         self._status.update(f"{title}{suffix}")
 
 
-def print_summary(console: Console, outcome: JobOutcome, started_at: float) -> None:
+def print_summary(
+    console: Console, outcome: JobOutcome, started_at: float, status: str | None = None
+) -> None:
+    """The steps' durations, exit codes, and a last line naming the job's status as `queue` shows it."""
     table = Table(title="Summary", show_edge=False)
     table.add_column("step")
     table.add_column("duration", justify="right")
@@ -100,12 +117,26 @@ def print_summary(console: Console, outcome: JobOutcome, started_at: float) -> N
             shown = ", ".join(f"rank {r}: {_code(c)}" for r, c in sorted(codes.items()))
             console.print(f"{phase} exit codes: {shown}", highlight=False)
     job = f"Job {outcome.job_id}" if outcome.job_id is not None else "Job"
+    status = status or job_status_of(outcome)
     if outcome.succeeded:
-        console.print(f"[bold green]✓ {job} on {outcome.cluster_name} SUCCEEDED[/]")
+        console.print(f"[bold green]✓ {job} on {outcome.cluster_name} {status}[/]")
     else:
-        reason = outcome.failures[0].splitlines()[0] if outcome.failures else f"DAG run {outcome.state}"
-        console.print(f"[bold red]✗ {job} on {outcome.cluster_name} FAILED: {reason}[/]", highlight=False)
+        # The culprit's own message ("rank 1 failed with exit code 4; ...") before its siblings' "killed: ...".
+        failures = sorted(outcome.failures, key=lambda f: f.startswith("killed:"))
+        reason = failures[0].splitlines()[0] if failures else f"DAG run {outcome.state}"
+        console.print(f"[bold red]✗ {job} on {outcome.cluster_name} {status}: {reason}[/]", highlight=False)
     console.print(f"Airflow log of this launch: {outcome.log_file}", highlight=False, style="dim")
+
+
+def job_status_of(outcome: JobOutcome) -> str:
+    """The job's status as `airflow-sky queue` names it, from what the launch saw (the cluster may be gone)."""
+    if outcome.succeeded:
+        return "SUCCEEDED"
+    if any(code not in (0, None) for code in (outcome.exit_codes.get("setup") or {}).values()):
+        return "FAILED_SETUP"
+    if any("cancelled" in failure.lower() for failure in outcome.failures):
+        return "CANCELLED"
+    return "FAILED"
 
 
 def _code(code: Any) -> str:
