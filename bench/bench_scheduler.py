@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import secrets
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the stack helpers of the deployment tests (PostgreSQL, process groups)
 
 import httpx  # noqa: E402
+from common import machine  # noqa: E402  # bench/common.py
 
 from tests.deploy.celery_stack import Processes, start_postgres  # noqa: E402
 
@@ -71,19 +71,6 @@ with DAG({dag_id!r}, schedule=None, catchup=False) as dag:
     sky_job(task, cluster_name={cluster!r}, down=False, setup={with_setup!r}, deferrable={deferrable!r},
             defer_after_s={defer_after_s!r}, max_recoveries=3)
 """
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        model = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        model = cpu
-    return f"{os.cpu_count()} CPUs ({model}), Python {platform.python_version()}, {platform.platform()}"
 
 
 class Stack:

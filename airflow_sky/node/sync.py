@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -70,14 +71,36 @@ def iter_files(local_dir: Path, spec: pathspec.PathSpec) -> Iterator[str]:
                 yield rel
 
 
+def local_rsync() -> bool:
+    """This machine has rsync and the OpenSSH client that carries it."""
+    return shutil.which("rsync") is not None and shutil.which("ssh") is not None
+
+
 def rsync_available(client: NodeClient) -> bool:
     """Both ends have rsync (asked once per connection: a workdir and several mounts sync in a row)."""
-    if shutil.which("rsync") is None or shutil.which("ssh") is None:
+    if not local_rsync():
         return False
     if client.remote_has_rsync is None:
         rc, _, _ = client.exec("command -v rsync >/dev/null", timeout=30)
         client.remote_has_rsync = rc == 0
     return client.remote_has_rsync
+
+
+class NoRemoteRsync(RemoteError):
+    """The node has no rsync (its shell could not find the command)."""
+
+
+def _not_found(command: str, stderr: str) -> bool:
+    """The node's login shell said it cannot find `command` (bash, dash, zsh, tcsh and fish wordings)."""
+    name = re.escape(command)
+    return (
+        re.search(
+            rf"(^|[\s:]){name}: (command )?not found|command not found: {name}\b|unknown command:? '?{name}\b",
+            stderr,
+            re.IGNORECASE | re.MULTILINE,
+        )
+        is not None
+    )
 
 
 def sync_dir(
@@ -93,7 +116,15 @@ def sync_dir(
         raise RemoteError(f"cannot sync {source}: not a directory")
     remote_dir = remote_path(remote_dir)
     if method == "auto":
-        method = "rsync" if rsync_available(client) else "sftp"
+        # rsync is tried straight away rather than asked about first: a node without it fails the rsync at
+        # once (its shell cannot find the command), and the SFTP path takes over. Asking first would cost
+        # every sync a second SSH connection and a shell on the node.
+        if local_rsync() and client.remote_has_rsync is not False:
+            try:
+                return _rsync(client, source, remote_dir, on_progress)
+            except NoRemoteRsync:
+                client.remote_has_rsync = False
+        method = "sftp"
     if method == "rsync":
         return _rsync(client, source, remote_dir, on_progress)
     if method == "sftp":
@@ -146,6 +177,7 @@ def files_to_send(source: Path) -> list[str]:
 
 
 RSYNC_IO_TIMEOUT_S = 120
+REMOTE_RSYNC = "rsync"  # the command the node's shell runs (tests name a missing one)
 
 
 def _rsync(
@@ -165,7 +197,7 @@ def _rsync(
             f"--timeout={RSYNC_IO_TIMEOUT_S}",  # no data moving for this long fails the sync
             "-e",
             shlex.join(ssh_command_for(client, known_hosts)),
-            f"--rsync-path=mkdir -p {shlex.quote(remote_dir)} && rsync",
+            f"--rsync-path=mkdir -p {shlex.quote(remote_dir)} && {REMOTE_RSYNC}",
             "--from0",
             f"--files-from={file_list}",
             f"{source}/",
@@ -178,9 +210,11 @@ def _rsync(
             f"for {RSYNC_IO_TIMEOUT_S}s: the node stopped answering"
         )
     if proc.returncode != 0:
-        raise RemoteError(
+        error = NoRemoteRsync if _not_found(REMOTE_RSYNC, proc.stderr) else RemoteError
+        raise error(
             f"rsync of {source} to node rank {client.node.rank} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
         )
+    client.remote_has_rsync = True
     sent = []
     for line in proc.stdout.splitlines():
         flags, _, name = line.partition(" ")

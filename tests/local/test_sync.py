@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_sky.node import sync
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.sync import ignore_spec, iter_files, sync_dir
 
@@ -84,3 +85,28 @@ def test_rsync_and_sftp_send_the_same_files_for_nested_ignore_rules(local_cluste
     assert landed["rsync"] == landed["sftp"]
     assert "./sub/ok.txt" in landed["rsync"] and "./sub/deep/keep me.txt" in landed["rsync"]
     assert not any(name.endswith(("secret.txt", ".log", ".o")) for name in landed["rsync"])
+
+
+def test_a_node_without_rsync_gets_the_workdir_over_sftp(local_cluster, tmp_path, monkeypatch):
+    """`auto` tries rsync at once (no separate check over another connection); a node whose shell cannot find
+    rsync fails it, and the SFTP path sends the files instead; the next sync over that client goes straight
+    to SFTP."""
+    _, nodes, key = local_cluster(1)
+    _make_tree(tmp_path, 5)
+    monkeypatch.setattr(sync, "REMOTE_RSYNC", "rsync-not-installed")
+    with NodeClient(nodes[0], key) as client:
+        first = sync_dir(client, tmp_path, "~/sky_workdir")
+        assert first.method == "sftp" and len(first.files_sent) == 5
+        assert client.remote_has_rsync is False
+        assert client.exec("find sky_workdir -type f | wc -l")[1].strip() == b"5"
+        assert sync_dir(client, tmp_path, "~/sky_workdir").method == "sftp"
+        with pytest.raises(sync.NoRemoteRsync, match="rsync-not-installed"):
+            sync_dir(client, tmp_path, "~/sky_workdir", method="rsync")
+
+
+def test_auto_sync_uses_rsync_where_the_node_has_it(local_cluster, tmp_path):
+    _, nodes, key = local_cluster(1)
+    _make_tree(tmp_path, 5)
+    with NodeClient(nodes[0], key) as client:
+        assert sync_dir(client, tmp_path, "~/sky_workdir").method == "rsync"
+        assert client.remote_has_rsync is True
