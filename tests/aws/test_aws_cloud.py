@@ -108,12 +108,26 @@ def test_the_key_pair_and_security_group_are_made_once_and_open_ssh_to_the_cidr_
     moto_endpoint: str, cluster: str, play: dict[str, Any]
 ) -> None:
     cloud = MotoAwsCloud(REGION)
+    ec2 = boto("ec2", moto_endpoint)
+
+    def key_pairs() -> list[str]:
+        return [
+            k["KeyName"]
+            for k in ec2.describe_key_pairs()["KeyPairs"]
+            if k["KeyName"].startswith("airflow-sky-")
+        ]
+
+    # The moto server is shared by the test files an xdist worker runs: another file's connection may have
+    # imported a key of its own before this test; only what these two provisions add counts.
+    before = set(key_pairs())
     cloud.provision(ProvisionRequest(cluster, 1, M6I))
     cloud.provision(ProvisionRequest(cluster + "-b", 1, M6I))
     try:
-        ec2 = boto("ec2", moto_endpoint)
-        pairs = [k for k in ec2.describe_key_pairs()["KeyPairs"] if k["KeyName"].startswith("airflow-sky-")]
-        assert len(pairs) == 1
+        used = {i["KeyName"] for c in (cluster, cluster + "-b") for i in _instances_of(moto_endpoint, c)}
+        assert len(used) == 1, used
+        assert len(set(key_pairs()) - before) <= 1
+        assert key_pairs().count(next(iter(used))) == 1
+        pairs = [{"KeyName": next(iter(used))}]
         (group,) = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["airflow-sky"]}])[
             "SecurityGroups"
         ]
