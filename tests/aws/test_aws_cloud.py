@@ -125,9 +125,9 @@ def test_the_key_pair_and_security_group_are_made_once_and_open_ssh_to_the_cidr_
     try:
         used = {i["KeyName"] for c in (cluster, cluster + "-b") for i in _instances_of(moto_endpoint, c)}
         assert len(used) == 1, used
+        (key_name,) = used
         assert len(set(key_pairs()) - before) <= 1
-        assert key_pairs().count(next(iter(used))) == 1
-        pairs = [{"KeyName": next(iter(used))}]
+        assert key_pairs().count(key_name) == 1
         (group,) = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["airflow-sky"]}])[
             "SecurityGroups"
         ]
@@ -135,7 +135,7 @@ def test_the_key_pair_and_security_group_are_made_once_and_open_ssh_to_the_cidr_
         ssh = [r for r in rules if r.get("FromPort") == 22]
         assert [r["CidrIp"] for r in ssh[0]["IpRanges"]] == ["10.0.0.0/8"]
         assert any(p["GroupId"] == group["GroupId"] for r in rules for p in r.get("UserIdGroupPairs", []))
-        assert {i["KeyName"] for i in _instances_of(moto_endpoint, cluster)} == {pairs[0]["KeyName"]}
+        assert {i["KeyName"] for i in _instances_of(moto_endpoint, cluster)} == {key_name}
     finally:
         cloud.terminate(cluster + "-b")
 
