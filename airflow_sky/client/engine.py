@@ -30,6 +30,10 @@ from airflow_sky.task.templating import keep_literal
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
 MIGRATE_TIMEOUT_S = 600  # a first migrate takes ~20 s
+_STARTS_PHASE: dict[str, Phase] = {
+    "sync": "setup",
+    "launch": "run",
+}  # the step that starts each phase's scripts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,8 +281,9 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
                     )
                 )
                 node_logs[0].start()
-            if event.kind == "task_started" and event.step in ("setup_start", "run_start") and node_logs:
-                node_logs[0].activate("setup" if event.step == "setup_start" else "run")
+            # Each node's sync task starts its setup; launch starts the run on every node.
+            if event.kind == "task_started" and event.step in _STARTS_PHASE and node_logs:
+                node_logs[0].activate(_STARTS_PHASE[event.step])
         # Outside the lock: the node-log thread may be waiting for it while it holds the logs.
         if event.kind == "task_started" and event.step == "teardown" and node_logs:
             node_logs[0].drain()  # the nodes, and their logs, are about to go

@@ -18,7 +18,7 @@ EventKind = Literal["job", "task_started", "task_done", "task_failed", "log", "e
 @dataclasses.dataclass(frozen=True)
 class Event:
     kind: EventKind
-    step: str  # provision, sync, setup_start, setup_follow, launch, run_start, run_follow, collect, teardown
+    step: str  # provision, sync, setup_follow, launch, run_follow, collect, teardown
     rank: int | None = None
     text: str = ""
     exit_code: int | None = None

@@ -1,9 +1,12 @@
 """Build a job's Airflow tasks: `sky_job(...)` returns a TaskGroup usable inside any DAG.
 
-    provision (setup task) -> sync[n] -> setup_start[n] -> setup_follow[n] -> launch -> run_start[m]
-        -> run_follow[m] -> collect -> teardown (teardown task)
+    provision (setup task) -> sync[n] -> setup_follow[n] -> launch -> run_follow[m] -> collect
+        -> teardown (teardown task)
 
-`n` is every node of the cluster, `m` the task's num_nodes (head first). Every arrow is a barrier.
+`n` is every node of the cluster, `m` the task's num_nodes (head first). Every arrow is a barrier. Each
+node's sync task starts that node's setup once its files are there, and launch starts the run on every
+node at once: every rank of a phase runs before any follow task waits, so a gang job (torchrun, Ray) never
+waits on a worker slot, and the chain has no scheduler hop that no barrier needs.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from airflow_sky.operators import (
     SkyFollowOperator,
     SkyLaunchOperator,
     SkyProvisionOperator,
-    SkyStartOperator,
     SkySyncOperator,
     SkyTeardownOperator,
 )
@@ -43,9 +45,7 @@ from airflow_sky.task.pipeline import is_pipeline_file
 STEP_TIMEOUTS: dict[str, timedelta] = {
     "provision": timedelta(minutes=45),
     "sync": timedelta(minutes=60),
-    "setup_start": timedelta(minutes=10),
     "launch": timedelta(minutes=10),
-    "run_start": timedelta(minutes=10),
     "collect": timedelta(minutes=60),
     "teardown": timedelta(minutes=30),
 }
@@ -156,13 +156,18 @@ def sky_job(
                 **kwargs,
             ).expand(node=nodes)
 
-        sync = per_node(SkySyncOperator, "sync", every_node, aws_conn_id=aws_conn_id, gcp_conn_id=gcp_conn_id)
+        sync = per_node(
+            SkySyncOperator,
+            "sync",
+            every_node,
+            aws_conn_id=aws_conn_id,
+            gcp_conn_id=gcp_conn_id,
+            start_setup=setup,
+        )
         launch = SkyLaunchOperator(
             task_id="launch", cluster=cluster, execution_timeout=STEP_TIMEOUTS["launch"], **common
         )
-        run_start = per_node(SkyStartOperator, "run_start", launch.output, phase="run")
         if setup:
-            setup_start = per_node(SkyStartOperator, "setup_start", every_node, phase="setup")
             setup_follow = per_node(
                 SkyFollowOperator,
                 "setup_follow",
@@ -171,11 +176,10 @@ def sky_job(
                 execution_timeout=setup_timeout,
                 **follow_options,
             )
-            provision >> sync >> setup_start >> setup_follow >> launch
+            provision >> sync >> setup_follow >> launch
         else:
             provision >> sync >> launch
         if not follow_run:
-            launch >> run_start
             return group
         run_follow = per_node(
             SkyFollowOperator,
@@ -205,7 +209,7 @@ def sky_job(
             execution_timeout=STEP_TIMEOUTS["teardown"],
             **common,
         )
-        launch >> run_start >> run_follow >> collect >> teardown
+        launch >> run_follow >> collect >> teardown
         teardown.as_teardown(setups=provision)
         if down:
             # A teardown that cannot terminate must fail the run: nodes left running must not look like a

@@ -79,7 +79,7 @@ def _after(previous: TaskGroup, group: TaskGroup) -> None:
         if task is not None:
             task >> provision
         else:  # a detached run (follow_run=False): its last task
-            previous.children[f"{previous.group_id}.run_start"] >> provision
+            previous.children[f"{previous.group_id}.launch"] >> provision
             break
 
 

@@ -4,12 +4,14 @@ script, mark the job's status, read a rank's result, stop a rank. Plain Python o
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import math
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -204,6 +206,28 @@ def start_rank(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ra
             raise
         return StartResult(rank, None, started=False, lost=True)
     return StartResult(rank, start.pid, start.started)
+
+
+def start_ranks(
+    cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ranks: list[int], threads: int = 16
+) -> list[StartResult]:
+    """`start_rank` for every one of `ranks`, side by side (each is one SSH round trip: threads wait, they do
+    not compute). Every rank is tried; the first failure is raised once all have been tried, so a retry finds
+    the others started and attaches to them."""
+    script = task.setup if phase == "setup" else task.run
+    if script is not None and ranks:
+        # Once, not per rank: N threads would otherwise queue on the job state's lock to write the same status.
+        set_status(cluster, handle, JobStatus.SETTING_UP if phase == "setup" else JobStatus.RUNNING)
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(threads, len(ranks))), thread_name_prefix="airflow-sky-start"
+    ) as pool:
+        futures = [pool.submit(start_rank, cluster, task, handle, phase, rank) for rank in ranks]
+        concurrent.futures.wait(futures)
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            raise error
+    return [future.result() for future in futures]
 
 
 def kill_rank(cluster: Cluster, job_id: str, node: Node, generation: int) -> None:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from airflow_sky.errors import ClusterError, JobFailed
+from airflow_sky.errors import ClusterError, JobFailed, RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus
 from airflow_sky.gang.phases import phase_env
@@ -32,6 +32,8 @@ from airflow_sky.task import Task
 _SETUP_TIMEOUT_S = 3600.0
 HEARTBEAT_S = 5.0
 WAIT_POLL_S = 1.0
+RELAUNCH_ATTEMPTS = 3
+RELAUNCH_RETRY_DELAY_S = 5.0
 
 
 def job_nodes(handle: JobHandle, state: js.JobState | None) -> tuple[Node, ...]:
@@ -96,7 +98,7 @@ def _lead(
     beating = threading.Thread(target=_beat, args=(states, handle.job_id, owner, stop), daemon=True)
     beating.start()
     try:
-        nodes = _relaunch(cluster, states, task, handle, state, claim, log)
+        nodes = _with_retries(lambda: _relaunch(cluster, states, task, handle, state, claim, log), log)
     except JobFailed as e:
         failure, now = e, time.time()
         states.update(
@@ -143,6 +145,22 @@ def _beat(states: js.JobStates, job_id: int, owner: str, stop: threading.Event) 
 
 def _by_rank(nodes: tuple[Node, ...] | list[Node]) -> dict[int, Node]:
     return {n.rank: n for n in nodes}
+
+
+def _with_retries(relaunch: Callable[[], list[Node]], log: Callable[[str], None]) -> list[Node]:
+    """`relaunch`, tried again after an SSH or infra error (a replacement node slow to accept connections
+    on a loaded host, a dropped connection): every step is idempotent, so a retry finishes what the failed
+    try began. Out of tries, the error becomes the job's verdict (JobFailed) instead of failing only this
+    follow task and leaving the claim to a takeover that would meet the same error."""
+    for attempt in range(1, RELAUNCH_ATTEMPTS + 1):
+        try:
+            return relaunch()
+        except (RemoteError, ClusterError, OSError) as e:
+            if attempt == RELAUNCH_ATTEMPTS:
+                raise JobFailed(f"the relaunch failed {attempt} times, last: {e}") from e
+            log(f"The relaunch failed (try {attempt} of {RELAUNCH_ATTEMPTS}): {e}; trying again")
+            time.sleep(RELAUNCH_RETRY_DELAY_S * attempt)
+    raise AssertionError("unreachable")
 
 
 def _relaunch(

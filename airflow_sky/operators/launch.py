@@ -1,20 +1,36 @@
-"""Launch: the barrier between setup and run. Checks the job's nodes are up, marks the job RUNNING."""
+"""Launch: the barrier between setup and run. Checks the job's nodes are up, then starts the run on every
+one of them at once (detached; the run follow tasks stream and judge it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow_sky.gang.job import JobStatus
-from airflow_sky.gang.phases import check_run_nodes, set_status
+from airflow_sky.gang.job import JobHandle, JobStatus
+from airflow_sky.gang.phases import check_run_nodes, set_status, start_ranks
+from airflow_sky.infra.cluster import Cluster
 from airflow_sky.operators.base import SkyBaseOperator
 
 
 class SkyLaunchOperator(SkyBaseOperator):
-    """Returns the nodes the run uses (the first num_nodes of the cluster, head first); run tasks map over it."""
+    """Starts the run's script on each of the run's nodes (the first num_nodes of the cluster, head first),
+    side by side over SSH, and returns those nodes; the run follow tasks map over them.
+
+    Starting every rank from one task, instead of one start task per node, saves a scheduler hop and N task
+    instances, and every rank still runs before any follow task waits (a gang job never waits for a worker
+    slot). Idempotent: a retry attaches to the ranks already started.
+
+    :param start_run: start the run here (default). False leaves the nodes idle: for DAGs that start each
+        rank with their own SkyStartOperator tasks.
+    """
 
     ui_color = "#c5cae9"
 
+    def __init__(self, *, start_run: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start_run = start_run
+
     def execute(self, context: Any) -> list[dict[str, Any]]:
+        self.mask_secrets()
         handle = self.handle()
         cluster = self.hook(handle).cluster
         check_run_nodes(cluster, handle)
@@ -24,4 +40,24 @@ class SkyLaunchOperator(SkyBaseOperator):
             handle.num_run_nodes,
             ", ".join(n.internal_ip for n in handle.run_nodes),
         )
+        if self.start_run:
+            self._start(handle, cluster)
         return [n.to_dict() for n in handle.run_nodes]
+
+    def _start(self, handle: JobHandle, cluster: Cluster) -> None:
+        if self.sky_task.run is None:
+            self.log.info("The task has no run section; nothing to start")
+            return
+        for start in start_ranks(cluster, self.sky_task, handle, "run", [n.rank for n in handle.run_nodes]):
+            if start.skipped:
+                self.log.info("Nothing started on rank %d: %s", start.rank, start.skipped)
+            elif start.lost:
+                # Preempted between provisioning and now: recovering is the run follow tasks' job.
+                self.log.warning(
+                    "The node of rank %d is gone (%s): the run follow tasks will recover the job",
+                    start.rank,
+                    handle.node(start.rank).internal_ip,
+                )
+            else:
+                verb = "Started" if start.started else "Attached to"
+                self.log.info("%s the run on rank %d (pid %s)", verb, start.rank, start.pid)

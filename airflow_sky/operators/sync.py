@@ -1,18 +1,25 @@
-"""Sync: the workdir (to ~/sky_workdir) and local file_mounts, onto one node (mapped over nodes)."""
+"""Sync: the workdir (to ~/sky_workdir) and local file_mounts onto one node (mapped over nodes), then the
+start of that node's setup."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from airflow_sky.gang.phases import start_rank
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.links import SkyNodeConsoleLink
 
 
 class SkySyncOperator(SkyBaseOperator):
     """Uploads the workdir and file_mounts to `node` (rsync over SSH, SFTP where rsync is missing; buckets
-    through S3Hook/GCSHook with `aws_conn_id`/`gcp_conn_id`).
+    through S3Hook/GCSHook with `aws_conn_id`/`gcp_conn_id`), then starts the task's setup on it, detached.
 
-    Returns {"rank", "files_sent", "method"}. Re-syncs send only changed files.
+    A node's setup needs only that node's files, so no barrier is lost by starting it here; the setup follow
+    tasks stream and judge it. Returns {"rank", "files_sent", "method"} (and "setup_pid" when setup started).
+    Re-syncs send only changed files; a retry attaches to a setup already started.
+
+    :param start_setup: start the setup after the sync (default). False only syncs: for DAGs that start
+        setup with their own SkyStartOperator tasks.
     """
 
     ui_color = "#fff3c4"
@@ -24,17 +31,32 @@ class SkySyncOperator(SkyBaseOperator):
         node: dict[str, Any] | Any = None,
         aws_conn_id: str | None = None,
         gcp_conn_id: str | None = None,
+        start_setup: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.node = node
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id
+        self.start_setup = start_setup
 
     def execute(self, context: Any) -> dict[str, Any]:
+        self.mask_secrets()
         handle = self.handle()
+        hook = self.hook(handle)
         node = handle.node(int(self.node["rank"]))
-        result = self.hook(handle).sync_task_files(
-            node, self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id
-        )
-        return {"rank": node.rank, "files_sent": result.files_sent, "method": result.method}
+        result = hook.sync_task_files(node, self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id)
+        summary: dict[str, Any] = {
+            "rank": node.rank,
+            "files_sent": result.files_sent,
+            "method": result.method,
+        }
+        if self.start_setup and self.sky_task.setup is not None:
+            start = start_rank(hook.cluster, self.sky_task, handle, "setup", node.rank)
+            if start.skipped:
+                self.log.info("Setup not started on rank %d: %s", node.rank, start.skipped)
+            else:
+                verb = "Started" if start.started else "Attached to"
+                self.log.info("%s setup on rank %d (pid %s)", verb, node.rank, start.pid)
+                summary["setup_pid"] = start.pid
+        return summary

@@ -177,19 +177,23 @@ def _print(events: list[Event], **options: bool) -> str:
 
 def test_progress_names_provisioning_and_teardown_only_when_they_happen():
     steps = [
-        Event("task_started", step) for step in ("provision", "sync", "run_start", "run_follow", "teardown")
+        Event("task_started", step) for step in ("provision", "sync", "launch", "run_follow", "teardown")
     ]
     launched_down = _print(steps, down=True, new_nodes=True)
     assert "Provisioning nodes" in launched_down and "Tearing down" in launched_down
     kept = _print(steps, down=False, new_nodes=True)
     assert "Provisioning nodes" in kept and "Tearing down" not in kept
     executed = _print(steps, down=False, new_nodes=False)
-    assert "Provisioning" not in executed and "Tearing down" not in executed and "Running" in executed
-    # A phase's header comes before its first node line (node logs are read from its start tasks on).
-    setup = _print(
-        [Event("task_started", "setup_start"), Event("log", "setup_follow", 0, "(setup head, rank=0) hi")]
+    assert (
+        "Provisioning" not in executed and "Tearing down" not in executed and "Launching the run" in executed
     )
-    assert setup.index("Running setup") < setup.index("(setup head, rank=0) hi")
+    # A phase's header comes before its first node line (node logs are read from the task that starts it).
+    setup = _print(
+        [Event("task_started", "sync"), Event("log", "setup_follow", 0, "(setup head, rank=0) hi")]
+    )
+    assert setup.index("then running setup") < setup.index("(setup head, rank=0) hi")
+    no_setup = _print([Event("task_started", "sync")], setup=False)
+    assert "Syncing workdir and file mounts" in no_setup and "setup" not in no_setup
 
 
 def _outcome(**fields: Any) -> JobOutcome:

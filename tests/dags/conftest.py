@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
+ERROR_LINE = re.compile(r"\[error\s*\]|^Traceback \(most recent call last\)")
 
 
 @dataclasses.dataclass
@@ -21,6 +23,15 @@ class DagRunResult:
     returncode: int
     output: str
     seconds: float
+
+    @property
+    def digest(self) -> str:
+        """What an assertion message should show: the first error of the run (the task that failed first,
+        which the tail of a long run no longer holds) and the run's last lines."""
+        lines = self.output.splitlines()
+        first = next((i for i, line in enumerate(lines) if ERROR_LINE.search(line)), None)
+        head = "" if first is None else "\n".join(lines[max(0, first - 5) : first + 60]) + "\n[...]\n"
+        return head + "\n".join(lines[-60:])
 
 
 @pytest.fixture(scope="session")

@@ -23,10 +23,8 @@ def test_mingpt_dag_has_one_task_per_phase_in_order():
     assert ids == {
         "provision",
         "sync",
-        "setup_start",
         "setup_follow",
         "launch",
-        "run_start",
         "run_follow",
         "collect",
         "teardown",
@@ -39,9 +37,19 @@ def test_mingpt_dag_has_one_task_per_phase_in_order():
     # Every step but the user's own scripts has a deadline.
     assert all(
         dag.get_task(f"minGPT-ddp.{step}").execution_timeout is not None
-        for step in ("provision", "sync", "setup_start", "launch", "run_start", "collect", "teardown")
+        for step in ("provision", "sync", "launch", "collect", "teardown")
     )
-    assert "minGPT-ddp.launch" in dag.get_task("minGPT-ddp.run_start").upstream_task_ids
+    # Every barrier is an edge: setup waits for every node's sync, the run (started by launch) for every setup.
+    # (provision is upstream of each too: they read its XCom.)
+    assert dag.get_task("minGPT-ddp.setup_follow").upstream_task_ids - {"minGPT-ddp.provision"} == {
+        "minGPT-ddp.sync"
+    }
+    assert dag.get_task("minGPT-ddp.launch").upstream_task_ids - {"minGPT-ddp.provision"} == {
+        "minGPT-ddp.setup_follow"
+    }
+    assert dag.get_task("minGPT-ddp.run_follow").upstream_task_ids - {"minGPT-ddp.provision"} == {
+        "minGPT-ddp.launch"
+    }
 
 
 def test_pipeline_dag_runs_prepare_then_training_then_evaluate():
@@ -87,7 +95,7 @@ def test_per_node_tasks_carry_the_node_console_link_and_the_provider_registers_i
     linked = {
         t.task_id for t in dag.tasks if any(isinstance(x, SkyNodeConsoleLink) for x in t.operator_extra_links)
     }
-    assert linked == {f"j.{p}" for p in ("sync", "setup_start", "setup_follow", "run_start", "run_follow")}
+    assert linked == {f"j.{p}" for p in ("sync", "setup_follow", "run_follow")}
     assert "airflow_sky.operators.links.SkyNodeConsoleLink" in get_provider_info()["extra-links"]
     link = SkyNodeConsoleLink()
     url = "https://eu-west-1.console.aws.amazon.com/ec2/home?region=eu-west-1#InstanceDetails:instanceId=i-1"

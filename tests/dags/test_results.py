@@ -29,7 +29,7 @@ with DAG("results", schedule=None) as dag:
     sky_job(task, cluster_name="results-c")
 """
     result = run_dag("results", source)
-    assert result.returncode != 0, result.output[-5000:]
+    assert result.returncode != 0, result.digest
     assert "return.json is 50" in result.output and f"at most {MAX_RESULT_BYTES} bytes" in result.output
     db = Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db"
     with contextlib.closing(sqlite3.connect(db)) as conn:

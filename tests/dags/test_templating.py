@@ -28,7 +28,7 @@ with DAG("templated", schedule=None) as dag:
     sky_job(task, cluster_name="templated-c")
 """
     result = run_dag("templated", source)
-    assert result.returncode == 0, result.output[-5000:]
+    assert result.returncode == 0, result.digest
     for rank in (0, 1):
         env = json.loads((tmp_path / f"env-{rank}").read_text())
         assert len(env["DAY"]) == 10 and env["DAY"][4] == "-"  # {{ ds }} -> YYYY-MM-DD
@@ -46,12 +46,12 @@ with DAG("templated", schedule=None) as dag:
         ).fetchall()
     assert {task_id.rsplit(".", 1)[-1] for task_id, _, _ in rendered} >= {
         "provision",
-        "run_start",
+        "launch",
         "run_follow",
     }
     assert [row[:2] for row in rendered if SECRET in str(row[2])] == []
     # The view shows the rendered scripts and envs themselves (not the spec's repr), with the secret masked.
-    run_start = next(json.loads(row[2]) for row in rendered if row[0].endswith("run_start"))
-    assert '"templated" > "$PROBE/rendered-$SKYPILOT_NODE_RANK"' in run_start["sky_task.run"]
-    assert len(run_start["sky_task.envs"]["DAY"]) == 10
-    assert run_start["sky_task.secrets"] == {"TOKEN": "***"}
+    launch = next(json.loads(row[2]) for row in rendered if row[0].endswith("launch"))
+    assert '"templated" > "$PROBE/rendered-$SKYPILOT_NODE_RANK"' in launch["sky_task.run"]
+    assert len(launch["sky_task.envs"]["DAY"]) == 10
+    assert launch["sky_task.secrets"] == {"TOKEN": "***"}

@@ -54,10 +54,8 @@ LOG_PHASES = ("setup_follow", "run_follow", "provision", "teardown")  # whose lo
 PHASE_QUEUES = {
     "provision": "sky-a",
     "sync": "sky-b",
-    "setup_start": "sky-a",
-    "setup_follow": "sky-b",
-    "launch": "sky-a",
-    "run_start": "sky-b",
+    "setup_follow": "sky-a",
+    "launch": "sky-b",
     "run_follow": "sky-a",
     "collect": "sky-b",
     "teardown": "sky-b",
@@ -415,7 +413,7 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
         # As early as can be: before the follow task got going, so nothing of it can react (its siblings must).
         if (
             fail_task
-            and _phase_all(client, fail_task["dag_id"], runs[fail_task["dag_id"]], "run_start", "success")
+            and _phase_all(client, fail_task["dag_id"], runs[fail_task["dag_id"]], "launch", "success")
             and _mark_failed(client, fail_task, runs[fail_task["dag_id"]])
         ):
             report["marked_failed_at_s"] = time.monotonic() - run_started
@@ -437,7 +435,7 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
         for ti in tis:
             if ti["task_id"].rsplit(".", 1)[-1] in config.get("log_phases", LOG_PHASES):
                 entry["logs"][f"{ti['task_id']}[{ti['map_index']}]"] = _logs(client, dag_id, run_id, ti)
-        first_start = next(ti for ti in tis if ti["task_id"].endswith(".run_start"))
+        first_start = next(ti for ti in tis if ti["task_id"].endswith(".sync"))  # per node: has the node link
         detail = _get(
             client,
             f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{first_start['task_id']}/{first_start['map_index']}",

@@ -114,9 +114,8 @@ def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 PHASES = (
     "provision",
     "sync",
-    "setup_start",
     "setup_follow",
-    "run_start",
+    "launch",
     "run_follow",
     "collect",
     "teardown",
@@ -136,9 +135,9 @@ def test_a_three_node_job_succeeds_with_its_phases_spread_over_two_celery_worker
     hosts = {phase: {ti["hostname"] for ti in _tis(stack_report, "celery_plain", phase)} for phase in PHASES}
     # Provision on one worker; starting, following and tearing down on the other or alternately.
     assert hosts["provision"] == {"worker-a"} and hosts["teardown"] == {"worker-b"}
-    assert hosts["run_start"] == {"worker-b"} and hosts["run_follow"] == {"worker-a"}
-    assert hosts["setup_start"] == {"worker-a"} and hosts["setup_follow"] == {"worker-b"}
-    assert hosts["sync"] == hosts["collect"] == {"worker-b"}
+    assert hosts["sync"] == {"worker-b"} and hosts["setup_follow"] == {"worker-a"}  # setup started on b
+    assert hosts["launch"] == {"worker-b"} and hosts["run_follow"] == {"worker-a"}  # the run started on b
+    assert hosts["collect"] == {"worker-b"}
 
 
 def test_every_rank_log_read_through_the_rest_api_holds_that_ranks_own_lines(stack_report):

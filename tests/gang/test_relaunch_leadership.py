@@ -125,6 +125,63 @@ def test_a_retried_leader_task_resumes_its_own_claim_at_once(local_cluster, tmp_
     ClusterJobs(cluster).cancel([handle.job_id])
 
 
+def _claimed_job(local_cluster, probe: Path):
+    """A running 2-node job with a relaunch claimed and no leader yet."""
+    cluster, task, handle, states = _job(local_cluster, probe, RECORD_START + "sleep 30")
+    states.update(
+        handle.job_id, lambda s: js.claim_relaunch(s, 0, Decision(Action.RESTART, "x"), time.time())
+    )
+    return cluster, task, handle, states
+
+
+def test_an_ssh_error_during_the_relaunch_is_tried_again_and_the_job_relaunches_once(
+    local_cluster, tmp_path, monkeypatch
+):
+    from airflow_sky.errors import RemoteError
+    from airflow_sky.gang import relaunch
+
+    monkeypatch.setattr(relaunch, "RELAUNCH_RETRY_DELAY_S", 0.1)
+    cluster, task, handle, states = _claimed_job(local_cluster, tmp_path)
+    # Fault injection (no real node drops a connection on cue): the first start of the new generation fails
+    # as an SSH error does; the real start runs after it.
+    real_start, failures = relaunch.jobs.start_job, []
+
+    def flaky_start(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise RemoteError("command on node rank 1 timed out after 120s")
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(relaunch.jobs, "start_job", flaky_start)
+    log: list[str] = []
+    state = follow_relaunch(cluster, states, task, handle, 0, "leader", log.append)
+    assert state.generation == 1 and state.relaunch is None
+    assert any("The relaunch failed (try 1 of 3): command on node rank 1 timed out" in line for line in log)
+    assert sorted(_starts(tmp_path)) == ["0 0", "0 1", "1 0", "1 1"]  # each rank once per generation
+    ClusterJobs(cluster).cancel([handle.job_id])
+
+
+def test_a_relaunch_that_keeps_failing_fails_the_job_with_the_error_instead_of_leaving_its_claim(
+    local_cluster, tmp_path, monkeypatch
+):
+    from airflow_sky.errors import RemoteError
+    from airflow_sky.gang import relaunch
+
+    monkeypatch.setattr(relaunch, "RELAUNCH_RETRY_DELAY_S", 0.1)
+    cluster, task, handle, states = _claimed_job(local_cluster, tmp_path)
+
+    def broken_start(*args, **kwargs):  # fault injection: every start fails as a dead SSH session does
+        raise RemoteError("connection reset")
+
+    monkeypatch.setattr(relaunch.jobs, "start_job", broken_start)
+    with pytest.raises(JobFailed, match="the relaunch failed 3 times, last: connection reset"):
+        follow_relaunch(cluster, states, task, handle, 0, "leader", lambda line: None)
+    state = states.require(handle.job_id)
+    assert state.status is JobStatus.FAILED and state.relaunch is None
+    assert "connection reset" in (state.phases[js.phase_key("run", 0)].reason or "")
+    ClusterJobs(cluster).cancel([handle.job_id])
+
+
 def test_a_cancel_during_a_recovery_ends_the_job_and_nothing_of_the_new_generation_runs(
     local_cluster, tmp_path
 ):

@@ -87,6 +87,34 @@ def test_rsync_and_sftp_send_the_same_files_for_nested_ignore_rules(local_cluste
     assert not any(name.endswith(("secret.txt", ".log", ".o")) for name in landed["rsync"])
 
 
+def test_rsync_recurses_only_where_that_sends_what_the_file_list_holds(local_cluster, tmp_path):
+    _, nodes, key = local_cluster(1)
+    plain = tmp_path / "plain"
+    _make_tree(plain, 30)
+    (plain / "empty" / "deeper").mkdir(parents=True)
+    assert sync.select_files(plain).whole_tree  # rsync walks it itself: no list of every file
+    linked = tmp_path / "linked"
+    _make_tree(linked, 3)
+    (linked / "outside").symlink_to(plain / "pkg1", target_is_directory=True)
+    assert not sync.select_files(linked).whole_tree  # the list skips a symlinked directory; rsync would not
+    ignored = tmp_path / "ignored"
+    _make_tree(ignored, 3)
+    (ignored / ".gitignore").write_text("pkg1/\n")
+    assert not sync.select_files(ignored).whole_tree
+    landed = {}
+    with NodeClient(nodes[0], key) as client:
+        for source in (plain, linked):
+            for method in ("rsync", "sftp"):
+                sync_dir(client, source, f"~/{source.name}-{method}", method=method)
+                out = client.exec(f"cd {source.name}-{method} && find . | sort")[1].decode()
+                landed[source.name, method] = out.splitlines()
+    # Recursing or not, both transports leave the same tree: no empty directory, nothing through the link.
+    assert landed["plain", "rsync"] == landed["plain", "sftp"]
+    assert "./empty" not in landed["plain", "rsync"] and len(landed["plain", "rsync"]) == 1 + 20 + 30
+    assert landed["linked", "rsync"] == landed["linked", "sftp"]
+    assert not any(name.startswith("./outside") for name in landed["linked", "rsync"])
+
+
 def test_a_node_without_rsync_gets_the_workdir_over_sftp(local_cluster, tmp_path, monkeypatch):
     """`auto` tries rsync at once (no separate check over another connection); a node whose shell cannot find
     rsync fails it, and the SFTP path sends the files instead; the next sync over that client goes straight

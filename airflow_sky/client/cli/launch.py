@@ -174,7 +174,12 @@ def _run(task: Task, options: Any, task_file: str, outcomes: list[Any] | None = 
         file=cast(TextIO, PipeSafeOutput(terminal, exit=False)), highlight=False, soft_wrap=True
     )
     started_at = time.time()
-    printer = ProgressPrinter(console, down=options.down, new_nodes=not options.must_exist)
+    printer = ProgressPrinter(
+        console,
+        down=options.down,
+        new_nodes=not options.must_exist,
+        setup=bool(options.setup and task.setup is not None),
+    )
     job: dict[str, Any] = {}
     main_pid = os.getpid()
 

@@ -16,10 +16,8 @@ from airflow_sky.client.events import Event
 _STEP_TITLES = {
     "provision": "Provisioning nodes",
     "sync": "Syncing workdir and file mounts",
-    "setup_start": "Starting setup",
     "setup_follow": "Running setup",
     "launch": "Launching the run",
-    "run_start": "Starting the run",
     "run_follow": "Running",
     "collect": "Collecting results",
     "teardown": "Tearing down",
@@ -30,17 +28,23 @@ _RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "br
 class ProgressPrinter:
     """Listener for engine events: node-prefixed log lines, phase headers, a live status on a terminal."""
 
-    def __init__(self, console: Console, down: bool = True, new_nodes: bool = True) -> None:
+    def __init__(
+        self, console: Console, down: bool = True, new_nodes: bool = True, setup: bool = True
+    ) -> None:
         """`down`: the cluster goes down after the job (else "Tearing down" is never shown); `new_nodes`:
-        the launch may provision (an exec only uses the nodes there are)."""
+        the launch may provision (an exec only uses the nodes there are); `setup`: the job runs a setup
+        (each node's sync task starts it)."""
         self.console = console
         self._titles = dict(_STEP_TITLES)
+        if setup:
+            self._titles["sync"] = "Syncing workdir and file mounts, then running setup"
         if not down:
             self._titles["teardown"] = "Finishing (the cluster is kept)"
         if not new_nodes:
             self._titles["provision"] = "Checking the cluster's nodes"
-        # A phase's header comes with its start tasks: node lines are read from then on.
-        self._headers = {"setup_start", "run_start", "sync"}
+        # A phase's header comes with the task that starts its scripts (sync starts setup, launch the run):
+        # node lines are read from then on.
+        self._headers = {"sync", "launch"}
         self._headers |= {"provision"} if new_nodes else set()
         self._headers |= {"teardown"} if down else set()
         self._seen_steps: set[str] = set()
@@ -68,7 +72,7 @@ class ProgressPrinter:
         elif event.kind == "task_started" and event.step not in self._seen_steps:
             self._seen_steps.add(event.step)
             if event.step in self._headers:
-                title = self._titles.get(event.step.replace("_start", "_follow"), event.step)
+                title = self._titles.get(event.step, event.step)
                 self.console.print(f"[bold blue]⚙ {title}[/]")
         elif event.kind == "task_done":
             self._done[event.step] = self._done.get(event.step, 0) + 1
