@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG, TaskGroup, conf
+from airflow.sdk import DAG, TaskGroup, XComArg, conf
 from airflow.sdk.definitions._internal.contextmanager import DagContext
 
 from airflow_sky.dags.results import register_sky_result
@@ -52,7 +52,7 @@ STEP_TIMEOUTS: dict[str, timedelta] = {
 
 
 def sky_job(
-    task: Task | str | os.PathLike[str],
+    task: Task | str | os.PathLike[str] | XComArg,
     *,
     cluster_name: str | None = None,
     infra: str | None = None,
@@ -112,16 +112,23 @@ def sky_job(
         raise SpecError(
             "down=True needs follow_run=True: the cluster would be torn down under the running job"
         )
-    if not isinstance(task, Task):
-        task = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
-    elif env_overrides:
-        task = task.update_envs(env_overrides)
-    bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
-    check_runnable(task)
-    infra = infra or task.resources.infra or "local"
-    if "{{" not in infra:
-        check_connection(infra, conn_id)  # fails when the DAG is parsed, not mid-run
-    group_id = group_id or _group_id(task)
+    if isinstance(task, XComArg):
+        # A managed job (dags.managed): the task, infra, cluster and down come from the run's spec, checked
+        # by the task that produced it; nothing about them is known when the DAG is parsed.
+        if group_id is None:
+            raise SpecError("group_id: a job whose task is resolved at run time needs a group_id")
+        infra = infra or "local"
+    else:
+        if not isinstance(task, Task):
+            task = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
+        elif env_overrides:
+            task = task.update_envs(env_overrides)
+        bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
+        check_runnable(task)
+        infra = infra or task.resources.infra or "local"
+        if "{{" not in infra:
+            check_connection(infra, conn_id)  # fails when the DAG is parsed, not mid-run
+        group_id = group_id or _group_id(task)
     common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
     follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
     if defer_after_s is not None:

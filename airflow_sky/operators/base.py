@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -15,6 +15,8 @@ from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.relaunch import current_handle
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.infra.base import Node
+from airflow_sky.operators.job_spec import JobSpec
+from airflow_sky.operators.managed import read_secrets
 from airflow_sky.task import Task
 from airflow_sky.task.redaction import sensitive_values
 from airflow_sky.task.templating import protect_shell_syntax
@@ -24,6 +26,7 @@ NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['interna
 
 
 RESULT_XCOM_KEY = "result"  # every run follow task's {"rank": r, "value": its return.json or None}
+JOB_STATUS_XCOM_KEY = "job_status"  # a run follow task's {"status": RECOVERING | RUNNING, "generation": g}
 
 
 class SkyBaseOperator(BaseOperator):
@@ -33,6 +36,7 @@ class SkyBaseOperator(BaseOperator):
     # `cluster` arrives as an XComArg: Airflow resolves XComArgs in template fields at run time. The task
     # spec's own template fields (setup, run, envs, secrets) render per run.
     template_fields: Sequence[str] = ("cluster", "sky_task")
+    _sky_task: Task | Any  # see the sky_task property
     # The rendered-template view shows the spec's rendered scripts and envs (secrets masked), not a repr.
     template_fields_renderers = {
         "sky_task.setup": "bash",
@@ -44,19 +48,40 @@ class SkyBaseOperator(BaseOperator):
     def __init__(
         self,
         *,
-        sky_task: Task,
+        sky_task: Task | Any,
         cluster: dict[str, Any] | Any = None,
         conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # A copy per operator: rendering templates fills the spec in place. Shell syntax that Jinja would
-        # misread is escaped here, not at render time: a mapped task renders without calling our hooks.
-        self.sky_task = copy.deepcopy(sky_task)
-        self.sky_task.setup = protect_shell_syntax(self.sky_task.setup)
-        self.sky_task.run = protect_shell_syntax(self.sky_task.run)
+        if isinstance(sky_task, Task):
+            # A copy per operator: rendering templates fills the spec in place. Shell syntax that Jinja would
+            # misread is escaped here, not at render time: a mapped task renders without calling our hooks.
+            sky_task = copy.deepcopy(sky_task)
+            sky_task.setup = protect_shell_syntax(sky_task.setup)
+            sky_task.run = protect_shell_syntax(sky_task.run)
+        # Otherwise an XComArg: a managed job's spec (operators.job_spec), resolved at run time. Its scripts
+        # are never rendered by Jinja: they come from a run conf, not from the DAG's author.
+        self.sky_task = sky_task
         self.cluster = cluster
         self.conn_id = conn_id
+
+    @property
+    def sky_task(self) -> Task:
+        """The task; a managed job's spec becomes its Task (secrets read from their Variables) on first use."""
+        value: Any = self._sky_task
+        if isinstance(value, Mapping):
+            spec = JobSpec.from_conf(value, source="the job spec")
+            self._sky_task = value = spec.load_task(read_secrets(spec))
+            self.adopt_job_spec(spec)
+        return value
+
+    @sky_task.setter
+    def sky_task(self, value: Task | Any) -> None:
+        self._sky_task = value
+
+    def adopt_job_spec(self, spec: JobSpec) -> None:
+        """Take what a managed job's spec says beyond the task (infra, cluster, down); see the overrides."""
 
     def handle(self) -> JobHandle:
         """The job this task works on, with its nodes as the job state has them."""
@@ -96,6 +121,8 @@ class SkyBaseOperator(BaseOperator):
 
     def mask_secrets(self) -> None:
         """Register the task's secrets with Airflow's masker before anything can log them."""
+        if not isinstance(self._sky_task, Task | Mapping):
+            return  # a managed job's spec not resolved yet: its secrets are masked as they are read
         for key, value in sensitive_values(self.sky_task).items():
             mask_secret(value, name=key)
 

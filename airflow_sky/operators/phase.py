@@ -23,7 +23,7 @@ from airflow_sky.gang.phases import job_states, kill_rank, read_result, start_ra
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.gang.relaunch import follow_relaunch, job_nodes
 from airflow_sky.gang.watcher import Triage, cancel_if_a_sibling_failed, fail_always, recovery_triage
-from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
+from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY, RESULT_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.links import SkyNodeConsoleLink
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
@@ -188,10 +188,12 @@ class SkyFollowOperator(_PhaseOperator):
                 step = self._until_step(context, follower, handle, started, deferred_before)
                 if step.wake is Wake.RELAUNCH:
                     self.log.info("%s", step.reason)
+                    self._push_job_status(context, "RECOVERING", generation)
                     state = follow_relaunch(
                         cluster, states, self.sky_task, handle, generation, owner, self._log
                     )
                     generation, offset = state.generation, 0
+                    self._push_job_status(context, "RUNNING", generation)
                     continue
                 follower.release_watch()
                 if step.wake is Wake.FAILED:
@@ -207,6 +209,11 @@ class SkyFollowOperator(_PhaseOperator):
             # (a per-index pull of a missing return value logs an error).
             context["ti"].xcom_push(key=RESULT_XCOM_KEY, value={"rank": rank, "value": value})
             return value
+
+    def _push_job_status(self, context: Any, status: str, generation: int) -> None:
+        """What `airflow-sky jobs queue` reads over the REST API (the job state itself lives with the infra):
+        RECOVERING while a relaunch runs, RUNNING again after it, and the generation (= recoveries so far)."""
+        context["ti"].xcom_push(key=JOB_STATUS_XCOM_KEY, value={"status": status, "generation": generation})
 
     def _until_step(
         self, context: Any, follower: RankFollower, handle: JobHandle, started: float, deferred_before: bool

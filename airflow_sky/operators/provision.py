@@ -11,6 +11,7 @@ from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.phases import check_exec_nodes, register_job
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.task.envs import pipeline_task_ids
 
 
@@ -65,8 +66,12 @@ class SkyProvisionOperator(SkyBaseOperator):
         self.infra = infra
         self.down = down
 
+    def adopt_job_spec(self, spec: JobSpec) -> None:
+        self.infra, self.down = spec.infra, spec.down
+        self.cluster_name = spec.cluster_name or self.cluster_name
+
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        self.mask_secrets()
+        self.mask_secrets()  # (and a managed job's spec adopted: its infra, cluster and down)
         run_id = context["run_id"]
         job = self.task_id.rsplit(".", 1)[0] if self.pipeline and "." in self.task_id else None
         name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id, job))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.operators.job_spec import JobSpec
 
 
 class SkyTeardownOperator(SkyBaseOperator):
@@ -16,7 +17,11 @@ class SkyTeardownOperator(SkyBaseOperator):
         super().__init__(**kwargs)
         self.down = down
 
+    def adopt_job_spec(self, spec: JobSpec) -> None:
+        self.down = spec.down
+
     def execute(self, context: Any) -> None:
+        self.mask_secrets()  # (and a managed job's spec adopted: whether the cluster goes down)
         handle = self.handle()
         if not self.down:
             self.log.info(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -59,14 +60,18 @@ def run_dag(airflow_home: dict[str, str]) -> Callable[[str, str], DagRunResult]:
     dags = Path(airflow_home["AIRFLOW__CORE__DAGS_FOLDER"])
 
     def run(
-        dag_id: str, source: str, timeout: float = 600, env: dict[str, str] | None = None
+        dag_id: str,
+        source: str,
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
+        conf: dict[str, object] | None = None,
     ) -> DagRunResult:
         for old in dags.glob("*.py"):
             old.unlink()
         (dags / f"{dag_id}.py").write_text(textwrap.dedent(source))
         started = time.monotonic()
         proc = subprocess.run(
-            [AIRFLOW, "dags", "test", dag_id],
+            [AIRFLOW, "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf is not None else [])],
             env={**airflow_home, **(env or {})},
             capture_output=True,
             text=True,

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
     )
     launch.add_argument("file", metavar="FILE.yaml", help="the task YAML")
     launch.add_argument("-c", "--cluster", help="cluster name (default: sky-<random>-<user>)")
-    _add_task_overrides(launch)
+    add_task_overrides(launch)
     down = launch.add_mutually_exclusive_group()
     down.add_argument(
         "--down", dest="down", action="store_true", help="tear the cluster down when the job ends"
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     )
     exec_.add_argument("cluster", help="an existing cluster")
     exec_.add_argument("file", metavar="FILE.yaml", help="the task YAML")
-    _add_task_overrides(exec_)
+    add_task_overrides(exec_)
     exec_.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
     exec_.set_defaults(handler=_exec)
 
@@ -111,7 +111,7 @@ def register(subparsers: Any) -> None:
     autostop.set_defaults(handler=_autostop)
 
 
-def _add_task_overrides(parser: argparse.ArgumentParser) -> None:
+def add_task_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--infra", help="local (default), ssh/<pool>, aws[/region], gcp[/region]")
     parser.add_argument("--num-nodes", type=int, help="override num_nodes")
     parser.add_argument("--gpus", help="override resources.accelerators, e.g. L4:4")
@@ -128,7 +128,7 @@ def _add_task_overrides(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser)
 
 
-def _task_with_overrides(args: argparse.Namespace) -> Task:
+def task_with_overrides(args: argparse.Namespace) -> Task:
     task = load_task(args)
     if args.num_nodes is not None:
         if args.num_nodes < 1:
@@ -289,7 +289,7 @@ def _launch(args: argparse.Namespace) -> int:
         from airflow_sky.client.cli.pipeline_launch import launch_pipeline
 
         return launch_pipeline(args, _run)
-    task = _task_with_overrides(args)
+    task = task_with_overrides(args)
     infra = _infra(args, task)
     if args.dryrun:
         from airflow_sky.client.cli.dryrun import print_plan
@@ -331,7 +331,7 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    task = _task_with_overrides(args)
+    task = task_with_overrides(args)
     from airflow_sky.client.sdk import infra_of
 
     infra = args.infra or infra_of(args.cluster, task.resources.infra)

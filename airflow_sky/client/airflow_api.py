@@ -1,0 +1,163 @@
+"""The REST API of a running Airflow (3.x, `/api/v2`), as managed jobs use it.
+
+Where the API is and how to log in, first found wins:
+
+1. `AIRFLOW_SKY_API_URL`, with `AIRFLOW_SKY_API_TOKEN`, or `AIRFLOW_SKY_API_USERNAME` and
+   `AIRFLOW_SKY_API_PASSWORD` (a token is then asked for at `/auth/token`);
+2. the `api:` section of `~/.airflow_sky/config.yaml` (or `$AIRFLOW_SKY_HOME/config.yaml`): `url`, and
+   `token` or `username`/`password`;
+3. what Airflow's own CLI (`airflowctl`) uses: `api_url` in `$AIRFLOW_HOME/<env>.json` (`env` from
+   `AIRFLOW_CLI_ENVIRONMENT`, default `production`) and the token in `AIRFLOW_CLI_TOKEN`.
+
+Without credentials, a token is asked for without any (the simple auth manager with all users admins, as in
+`airflow standalone` setups for development).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from airflow_sky.errors import SkyError
+from airflow_sky.infra.home import sky_home
+
+PAGE = 100  # the API's [api] maximum_page_limit default
+
+
+class ApiError(SkyError):
+    """The Airflow REST API refused a request or could not be reached."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiConfig:
+    url: str
+    token: str | None = None
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    source: str = "defaults"
+
+
+def api_config() -> ApiConfig:
+    """Where the Airflow API is and how to log in (see the module's docstring for the order)."""
+    env = os.environ
+    if env.get("AIRFLOW_SKY_API_URL"):
+        return ApiConfig(
+            env["AIRFLOW_SKY_API_URL"],
+            env.get("AIRFLOW_SKY_API_TOKEN"),
+            env.get("AIRFLOW_SKY_API_USERNAME"),
+            env.get("AIRFLOW_SKY_API_PASSWORD"),
+            "AIRFLOW_SKY_API_URL",
+        )
+    config_file = sky_home() / "config.yaml"
+    if config_file.is_file():
+        try:
+            loaded = yaml.safe_load(config_file.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise SkyError(f"{config_file}: not valid YAML: {e}") from e
+        api = loaded.get("api") if isinstance(loaded, dict) else None
+        if api is not None:
+            if not isinstance(api, dict) or not isinstance(api.get("url"), str):
+                raise SkyError(
+                    f"{config_file}: api: must be a mapping with url (and token, or username/password)"
+                )
+            unknown = sorted(set(api) - {"url", "token", "username", "password"})
+            if unknown:
+                raise SkyError(f"{config_file}: api: unknown field(s) {', '.join(unknown)}")
+            return ApiConfig(
+                api["url"], api.get("token"), api.get("username"), api.get("password"), str(config_file)
+            )
+    airflow_home = Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow")
+    ctl_file = airflow_home / f"{env.get('AIRFLOW_CLI_ENVIRONMENT', 'production')}.json"
+    if ctl_file.is_file():
+        try:
+            url = json.loads(ctl_file.read_text()).get("api_url")
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise SkyError(f"{ctl_file}: not an airflowctl config: {e}") from e
+        if isinstance(url, str):
+            return ApiConfig(url, env.get("AIRFLOW_CLI_TOKEN"), source=str(ctl_file))
+    return ApiConfig("http://localhost:8080", env.get("AIRFLOW_CLI_TOKEN"))
+
+
+class AirflowApi:
+    """A logged-in client of one Airflow's REST API; every error becomes ApiError with what was asked."""
+
+    def __init__(self, config: ApiConfig | None = None, timeout_s: float = 30.0) -> None:
+        self.config = config or api_config()
+        self.http = httpx.Client(base_url=self.config.url.rstrip("/"), timeout=timeout_s)
+        self.http.headers["Authorization"] = f"Bearer {self._token()}"
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> AirflowApi:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _token(self) -> str:
+        if self.config.token:
+            return self.config.token
+        where = f"{self.config.url} (from {self.config.source})"
+        try:
+            if self.config.username:
+                body = {"username": self.config.username, "password": self.config.password or ""}
+                response = self.http.post("/auth/token", json=body)
+            else:
+                response = self.http.get("/auth/token")
+        except httpx.HTTPError as e:
+            raise ApiError(f"cannot reach the Airflow API at {where}: {e}") from e
+        if response.status_code >= 400:
+            hint = (
+                "check the username and password"
+                if self.config.username
+                else "set AIRFLOW_SKY_API_TOKEN, or AIRFLOW_SKY_API_USERNAME and AIRFLOW_SKY_API_PASSWORD"
+            )
+            raise ApiError(
+                f"logging in to the Airflow API at {where} failed ({response.status_code}): {hint}"
+            )
+        return str(response.json()["access_token"])
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, f"/api/v2{path}", **kwargs)
+        except httpx.HTTPError as e:
+            raise ApiError(f"{method} {path}: cannot reach the Airflow API at {self.config.url}: {e}") from e
+        if response.status_code >= 400:
+            raise ApiError(
+                f"{method} {path}: {response.status_code} {_detail(response)}", response.status_code
+            )
+        return response
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params=params).json()
+
+    def pages(self, path: str, key: str, **params: Any) -> Iterator[dict[str, Any]]:
+        """Every item of a paged list (`key`: the list's field, e.g. task_instances)."""
+        offset = 0
+        while True:
+            page = self.get(path, limit=PAGE, offset=offset, **params)
+            items = page.get(key) or []
+            yield from items
+            offset += len(items)
+            if not items or offset >= int(page.get("total_entries", 0)):
+                return
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except (json.JSONDecodeError, AttributeError):
+        return response.text[:300]
+    return json.dumps(detail) if not isinstance(detail, str) else detail

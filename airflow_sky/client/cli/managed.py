@@ -1,0 +1,150 @@
+"""`airflow-sky jobs launch | queue | logs | cancel`: managed jobs on a deployed Airflow, like `sky jobs`."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def register(subparsers: Any) -> None:
+    jobs = subparsers.add_parser(
+        "jobs",
+        help="managed jobs: run on a deployed Airflow, which recovers them (airflow-sky jobs --help)",
+        description="Managed jobs run by a deployed Airflow (the airflow_sky_jobs DAG) through its REST API: "
+        "AIRFLOW_SKY_API_URL and AIRFLOW_SKY_API_TOKEN (or _USERNAME/_PASSWORD), or the api: section of "
+        "~/.airflow_sky/config.yaml, or airflowctl's configuration (docs/deploy.md).",
+    )
+    commands = jobs.add_subparsers(dest="jobs_command", metavar="COMMAND", required=True)
+
+    from airflow_sky.client.cli.launch import add_task_overrides
+
+    launch = commands.add_parser("launch", help="submit a task YAML as a managed job and follow its logs")
+    launch.add_argument("file", metavar="FILE.yaml", help="the task YAML")
+    launch.add_argument("-c", "--cluster", help="cluster name (default: one per job)")
+    launch.add_argument("-n", "--name", help="override the task's name")
+    launch.add_argument("--keep", action="store_true", help="keep the cluster after the job (default: down)")
+    launch.add_argument("-d", "--detach", action="store_true", help="print the job id and return")
+    add_task_overrides(launch)  # (with --env/--secret and their files)
+    launch.set_defaults(handler=_launch)
+
+    queue = commands.add_parser("queue", help="list managed jobs with their status and recoveries")
+    queue.add_argument("--limit", type=int, default=50, help="newest N jobs (default 50)")
+    queue.set_defaults(handler=_queue)
+
+    logs = commands.add_parser("logs", help="print (and follow) a managed job's logs, every rank")
+    logs.add_argument("job_id", help="the job id (jobs queue)")
+    logs.add_argument("--no-follow", action="store_true", help="print what is there and return")
+    logs.set_defaults(handler=_logs)
+
+    cancel = commands.add_parser("cancel", help="stop a managed job and its nodes")
+    cancel.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    cancel.add_argument("-y", "--yes", action="store_true", help="accepted, as sky's; cancel never asks")
+    cancel.set_defaults(handler=_cancel)
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from airflow_sky.client import managed_jobs
+    from airflow_sky.client.cli.launch import task_with_overrides
+
+    task = task_with_overrides(args)  # checked here: a bad task never reaches Airflow
+    if args.name:
+        task.name = args.name
+    job_id = managed_jobs.launch(
+        task,
+        infra=args.infra or task.resources.infra,
+        cluster_name=args.cluster,
+        down=not args.keep,
+    )
+    print(f"Managed job {job_id} submitted ({task.name or 'unnamed'}, {task.num_nodes} node(s))", flush=True)
+    if args.detach:
+        print(f"Follow it with: airflow-sky jobs logs {job_id}")
+        return 0
+    return _follow(job_id, detach_hint=True)
+
+
+def _follow(job_id: str, detach_hint: bool) -> int:
+    from airflow_sky.client import managed_jobs
+
+    def detach(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, detach)
+    if detach_hint:
+        print("(Ctrl-C stops following; the job goes on)", flush=True)
+    try:
+        job = managed_jobs.logs(job_id, emit=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print(
+            f"\nDetached; the job goes on. Follow it again with: airflow-sky jobs logs {job_id}", flush=True
+        )
+        return 0
+    ok = job.status == "SUCCEEDED"
+    recoveries = f", {job.recoveries} recoveries" if job.recoveries else ""
+    print(f"{'✓' if ok else '✗'} Managed job {job_id} {job.status}{recoveries}", flush=True)
+    return 0 if ok else 1
+
+
+def _queue(args: argparse.Namespace) -> int:
+    from airflow_sky.client import managed_jobs
+
+    jobs = managed_jobs.queue(limit=args.limit)
+    console = Console(width=max(Console().width, 80), highlight=False)
+    if not jobs:
+        console.print("No managed jobs.")
+        return 0
+    table = Table(box=None, pad_edge=False)
+    for column in ("ID", "NAME", "NODES", "INFRA", "SUBMITTED", "DURATION", "#RECOVERIES", "STATUS"):
+        table.add_column(column, no_wrap=column in ("ID", "STATUS"))
+    now = datetime.now(UTC)
+    for job in jobs:
+        table.add_row(
+            job.job_id,
+            job.name,
+            str(job.num_nodes or "-"),
+            job.infra,
+            _ago(job.submitted, now),
+            _duration(job.duration_s),
+            str(job.recoveries),
+            job.status,
+        )
+    console.print(table)
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    if args.no_follow:
+        from airflow_sky.client import managed_jobs
+
+        job = managed_jobs.logs(args.job_id, follow=False, emit=lambda line: print(line, flush=True))
+        print(f"Managed job {args.job_id}: {job.status}", file=sys.stderr)
+        return 0
+    return _follow(args.job_id, detach_hint=False)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from airflow_sky.client import managed_jobs
+
+    for job_id in args.job_ids:
+        managed_jobs.cancel(job_id)
+        print(f"Cancelling managed job {job_id}: its ranks stop and its nodes are torn down")
+    return 0
+
+
+def _ago(when: datetime | None, now: datetime) -> str:
+    if when is None:
+        return "-"
+    return f"{_duration((now - when).total_seconds())} ago"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {secs}s" if minutes else f"{secs}s"

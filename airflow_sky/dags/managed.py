@@ -1,0 +1,51 @@
+"""Managed jobs: one parametrized DAG, `airflow_sky_jobs`, that runs whatever task its run conf carries.
+
+`airflow-sky jobs launch task.yaml` triggers it over the REST API of a running Airflow, which then is the
+job's controller (as SkyPilot's jobs controller is): the job survives the laptop, recovers preempted nodes,
+and `airflow-sky jobs queue/logs/cancel` follow it. Put it in the DAG folder of the deployment:
+
+    # dags/airflow_sky_jobs.py
+    from airflow_sky.dags.managed import managed_jobs_dag
+
+    dag = managed_jobs_dag()
+
+    begin ─▶ spec ─▶ [provision ─▶ sync[n] ─▶ setup_follow[n] ─▶ launch ─▶ run_follow[m] ─▶ collect ─▶ teardown] ─▶ forget_secrets
+
+`spec` checks the conf (operators.job_spec) and hands it to every task of the job; the job's node count,
+resources, infra and cluster come from it at run time (the per-node tasks map over the provisioned nodes).
+`forget_secrets` deletes the Variables that held the job's secrets, whatever the outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+from airflow_sky.dags.job import sky_job
+from airflow_sky.operators.managed import SkyForgetSecretsOperator, SkyJobSpecOperator
+
+MANAGED_DAG_ID = "airflow_sky_jobs"
+JOB_GROUP = "job"  # the task group of the job's phases: job.provision, job.run_follow, ...
+
+
+def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, **dag_kwargs: Any) -> DAG:
+    """The managed jobs DAG. DAG kwargs pass through (e.g. `max_active_runs`, `tags`, `access_control`);
+    `sky_job` options such as `deferrable` go in `job_kwargs`."""
+    job_kwargs = dag_kwargs.pop("job_kwargs", {})
+    dag_kwargs.setdefault("schedule", None)
+    dag_kwargs.setdefault("catchup", False)
+    dag_kwargs.setdefault("max_active_runs", 64)
+    dag_kwargs.setdefault("tags", ["airflow-sky", "managed-jobs"])
+    dag_kwargs.setdefault("doc_md", __doc__)
+    with DAG(dag_id=dag_id, **dag_kwargs) as dag:
+        # The setup of the secrets' teardown: an empty task that cannot fail (a teardown is skipped when its
+        # setup failed, and a refused conf must not leave its secrets behind).
+        begin = EmptyOperator(task_id="begin")
+        spec = SkyJobSpecOperator(task_id="spec")
+        group = sky_job(spec.output, group_id=JOB_GROUP, down=True, **job_kwargs)
+        forget = SkyForgetSecretsOperator(task_id="forget_secrets")
+        begin >> spec >> group >> forget
+        forget.as_teardown(setups=begin)
+    return dag

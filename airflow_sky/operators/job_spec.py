@@ -1,0 +1,101 @@
+"""A managed job's spec: the run conf of the `airflow_sky_jobs` DAG, checked, and the task it describes.
+
+`airflow-sky jobs launch` (and `airflow_sky.jobs.launch`) validates the task locally and triggers the DAG
+with a conf of this shape:
+
+    {"task": {...},                 # the task mapping (Task.to_dict()), without its secrets' values
+     "secrets": {"NAME": "airflow_sky_secret__<run>__NAME", ...},   # the Airflow Variables holding them
+     "infra": "local", "cluster_name": null, "down": true}
+
+Secret values never sit in the conf (a DAG run's conf is stored and shown in clear): they live in Airflow
+Variables, Airflow's own store for secrets (encrypted with the deployment's Fernet key, masked in the API and
+in task logs by their name), and the DAG's last task deletes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_sky.errors import SpecError
+from airflow_sky.task import Task
+
+SECRET_VARIABLE_PREFIX = "airflow_sky_secret__"  # "secret" in the name: Airflow masks the value everywhere
+_CONF_FIELDS = ("task", "secrets", "infra", "cluster_name", "down")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def secret_variable_key(run_id: str, name: str) -> str:
+    """The Airflow Variable that holds secret `name` of the managed job run `run_id`."""
+    return f"{SECRET_VARIABLE_PREFIX}{run_id}__{name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    task: dict[str, Any]  # the task mapping, secrets without values
+    secrets: dict[str, str]  # secret name -> Airflow Variable key
+    infra: str = "local"
+    cluster_name: str | None = None
+    down: bool = True
+
+    def to_conf(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_conf(cls, conf: Any, source: str = "the run conf") -> JobSpec:
+        """Check a run conf field by field; a bad one raises SpecError naming the field."""
+        if not isinstance(conf, Mapping):
+            raise SpecError(f"{source}: must be a mapping with {', '.join(_CONF_FIELDS)}")
+        unknown = sorted(set(conf) - set(_CONF_FIELDS))
+        if unknown:
+            raise SpecError(
+                f"{source}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(_CONF_FIELDS)})"
+            )
+        task = conf.get("task")
+        if not isinstance(task, Mapping):
+            raise SpecError(f"{source}: task: must be a task mapping (what `Task.to_dict()` gives)")
+        secrets = conf.get("secrets") or {}
+        if not isinstance(secrets, Mapping) or not all(
+            isinstance(k, str)
+            and _NAME.match(k)
+            and isinstance(v, str)
+            and v.startswith(SECRET_VARIABLE_PREFIX)
+            for k, v in secrets.items()
+        ):
+            raise SpecError(
+                f"{source}: secrets: must map each secret's name to its Airflow Variable "
+                f"({SECRET_VARIABLE_PREFIX}<run>__<NAME>); values never go into a conf"
+            )
+        infra = conf.get("infra") or "local"
+        cluster_name = conf.get("cluster_name")
+        down = conf.get("down", True)
+        if not isinstance(infra, str):
+            raise SpecError(f"{source}: infra: must be a string such as local, ssh/<pool>, aws/<region>")
+        if cluster_name is not None and not isinstance(cluster_name, str):
+            raise SpecError(f"{source}: cluster_name: must be a string or null")
+        if not isinstance(down, bool):
+            raise SpecError(f"{source}: down: must be true or false")
+        spec = cls(dict(task), dict(secrets), infra, cluster_name, down)
+        spec.load_task({name: "" for name in secrets})  # the task itself is valid
+        return spec
+
+    def load_task(self, secret_values: Mapping[str, str]) -> Task:
+        """The Task, its secrets filled in from `secret_values` (name -> value)."""
+        missing = sorted(set(self.secrets) - set(secret_values))
+        if missing:
+            raise SpecError(f"secrets: no value for {', '.join(missing)}")
+        mapping = dict(self.task)
+        mapping["secrets"] = {**(mapping.get("secrets") or {}), **{k: secret_values[k] for k in self.secrets}}
+        return Task.from_dict(mapping, source="the managed job's task")
+
+
+def local_paths(task: Task) -> list[str]:
+    """The task's fields that name paths on the launching machine, which a managed job's workers cannot
+    read (a workdir or file_mount that is a local path)."""
+    fields = []
+    if isinstance(task.workdir, str):
+        fields.append(f"workdir ({task.workdir})")
+    fields += [f"file_mounts.{dst} ({src})" for dst, src in task.file_mounts.items() if isinstance(src, str)]
+    return fields

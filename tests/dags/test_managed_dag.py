@@ -1,0 +1,67 @@
+"""The managed jobs DAG runs whatever task its run conf carries (real local nodes, `airflow dags test`)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from airflow_sky import Task
+from airflow_sky.infra.local import daemon
+from airflow_sky.operators.job_spec import JobSpec, secret_variable_key
+from tests.dags.conftest import AIRFLOW
+
+SOURCE = """
+from airflow_sky.dags.managed import managed_jobs_dag
+
+dag = managed_jobs_dag()
+"""
+SECRET = "s3cr3t-managed-token"
+
+
+def _variables(airflow_home: dict[str, str]) -> str:
+    listed = subprocess.run(
+        [AIRFLOW, "variables", "list", "-o", "plain"], env=airflow_home, capture_output=True, text=True
+    )
+    return listed.stdout
+
+
+def test_the_managed_dag_runs_the_task_of_its_conf_with_secrets_from_variables_and_forgets_them(
+    run_dag, airflow_home, tmp_path
+):
+    task = Task(
+        name="managed",
+        num_nodes=2,
+        envs={"PROBE": str(tmp_path)},
+        secrets={"TOKEN": SECRET},
+        run='echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES token=$TOKEN" > "$PROBE/ran-$SKYPILOT_NODE_RANK";'
+        ' echo "{{ not jinja }} token=$TOKEN"',
+    )
+    run_id = "managed-test-1"
+    key = secret_variable_key(run_id, "TOKEN")
+    subprocess.run(
+        [AIRFLOW, "variables", "set", key, SECRET], env=airflow_home, check=True, capture_output=True
+    )
+    mapping = task.to_dict()
+    mapping["secrets"] = {"TOKEN": None}
+    spec = JobSpec(task=mapping, secrets={"TOKEN": key}, cluster_name="managed-c")
+    result = run_dag("airflow_sky_jobs", SOURCE, conf=spec.to_conf())
+    assert result.returncode == 0, result.digest
+    for rank in range(2):
+        assert (tmp_path / f"ran-{rank}").read_text() == f"rank {rank} of 2 token={SECRET}\n"
+    assert "{{ not jinja }} token=***" in result.output  # the script is never rendered; the secret masked
+    assert SECRET not in result.output
+    assert key not in _variables(airflow_home)  # forget_secrets deleted it
+    assert daemon.processes_with_marker("managed-c") == []
+
+
+def test_a_bad_conf_fails_the_spec_task_before_any_node_exists_and_its_secrets_are_forgotten(
+    run_dag, airflow_home
+):
+    key = secret_variable_key("managed-bad", "TOKEN")
+    subprocess.run(
+        [AIRFLOW, "variables", "set", key, SECRET], env=airflow_home, check=True, capture_output=True
+    )
+    conf = {"task": {"run": "true", "num_nodes": "two"}, "secrets": {"TOKEN": key}}
+    result = run_dag("airflow_sky_jobs", SOURCE, conf=conf)
+    assert result.returncode != 0
+    assert "num_nodes" in result.output and "[DAG TEST] starting task_id=job.provision" not in result.output
+    assert key not in _variables(airflow_home)  # the teardown ran all the same
