@@ -80,7 +80,8 @@ def sky_job(
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
     :param task: a Task, or the path of a task YAML (a relative path is read against the directory of the
-        DAG file that calls sky_job, else the working directory).
+        DAG file that calls sky_job, else the working directory), or the XComArg of a task that returns a
+        managed job's spec (dags.managed: the task, infra, cluster and down are then read at run time).
     :param cluster_name: the cluster to launch or reuse; default: one per DAG run (`<dag>-<hash>`).
     :param infra: `local` (default), `ssh/<pool>`, `aws/<region>`, `gcp/<region>`; default: the task's
         `resources.infra`, else local.

@@ -1,0 +1,215 @@
+"""Managed jobs against a real Airflow (`airflow standalone`), driven through the `airflow-sky jobs` CLI.
+
+Runs inside a private network namespace (see stack.py). The scenario, as a user would go through it:
+
+1. a bad task is refused by `jobs launch` locally: nothing reaches Airflow (no run, no Variable);
+2. `jobs launch train.yaml --secret TOKEN` (the value from the environment) follows the job's logs; the CLI is
+   killed once every rank runs; a worker node is then preempted; `jobs queue` shows RECOVERING, then
+   SUCCEEDED with one recovery; `jobs logs` shows both generations of every rank;
+3. `jobs launch --detach` of a long job, `jobs cancel` once it runs: CANCELLED, and no node left.
+
+Writes a JSON report: the CLI outputs, the statuses `jobs queue` showed, the runs' confs and Variables.
+Usage: jobs_driver.py CONFIG.json REPORT.json; CONFIG: {"home", "probe", "timeout_s"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.scheduler.stack_driver import API, _exit_on_sigterm, _stack_env, _wait_for
+
+SKY = str(Path(sys.executable).parent / "airflow-sky")
+SECRET = "managed-s3cr3t-value"
+DAG_FILE = "from airflow_sky.dags.managed import managed_jobs_dag\n\ndag = managed_jobs_dag()\n"
+TRAIN = """name: train
+num_nodes: 2
+envs:
+  PROBE: {probe}
+secrets:
+  TOKEN: null
+setup: |
+  # A replacement node's setup takes a while: long enough for `jobs queue` to see the recovery.
+  if [ -f "$PROBE/launched" ]; then sleep 8; fi
+run: |
+  echo "rank $SKYPILOT_NODE_RANK gen $AIRFLOW_SKY_RECOVERY_COUNT token=$TOKEN"
+  echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> "$PROBE/starts"
+  if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 600; fi
+  sleep 2
+  echo "rank $SKYPILOT_NODE_RANK done"
+"""
+LONG = """name: long
+num_nodes: 2
+envs:
+  PROBE: {probe}
+run: |
+  echo "$SKYPILOT_NODE_RANK" >> "$PROBE/long-starts"
+  sleep 600
+"""
+BAD = "name: bad\nnum_nodes: two\nrun: echo never\n"
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SKY, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _queue(env: dict[str, str]) -> dict[str, str]:
+    """job id -> status, as `airflow-sky jobs queue` prints them."""
+    out = _cli(env, "jobs", "queue").stdout
+    statuses = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if fields and fields[0].startswith("sky-job-"):
+            statuses[fields[0]] = fields[-1]
+    return statuses
+
+
+def _starts(probe: Path, name: str) -> list[str]:
+    path = probe / name
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _until(what: str, check: Any, timeout_s: float, report: dict[str, Any], poll_s: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dict[str, Any]) -> None:
+    from airflow_sky.infra.local import daemon
+    from airflow_sky.infra.local.cloud import LocalCloud
+
+    (probe / "bad.yaml").write_text(BAD)
+    (probe / "train.yaml").write_text(TRAIN.format(probe=probe))
+    (probe / "long.yaml").write_text(LONG.format(probe=probe))
+
+    bad = _cli(env, "jobs", "launch", str(probe / "bad.yaml"))
+    report["bad"] = {"rc": bad.returncode, "output": bad.stdout + bad.stderr}
+    report["runs_after_bad"] = client.get("/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
+
+    # 2. Launch and follow; kill the CLI once every rank runs; preempt rank 1.
+    out_path = probe / "launch.out"
+    with out_path.open("w") as out:
+        launcher = subprocess.Popen(
+            [SKY, "jobs", "launch", str(probe / "train.yaml"), "--secret", "TOKEN", "-c", "managed-train"],
+            env={**env, "TOKEN": SECRET},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    _until("both ranks of the first job to run", lambda: len(_starts(probe, "starts")) >= 2, 300, report)
+    _until("the CLI to print a rank's line", lambda: "gen 0" in out_path.read_text(), 60, report)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    report["launch_output"] = out_path.read_text()
+    job_id = next(
+        line.split()[2] for line in report["launch_output"].splitlines() if line.startswith("Managed job")
+    )
+    report["train_job"] = job_id
+    run = client.get(f"/api/v2/dags/airflow_sky_jobs/dagRuns/{job_id}").json()
+    report["train_conf"] = run["conf"]
+    (probe / "launched").write_text("")
+    LocalCloud().preempt("managed-train", 1)
+    seen: list[str] = []
+
+    def ended() -> bool:
+        status = _queue(env).get(job_id, "?")
+        if not seen or seen[-1] != status:
+            seen.append(status)
+        return status in ("SUCCEEDED", "FAILED", "CANCELLED", "FAILED_SETUP")
+
+    _until("the first job to end", ended, 420, report, poll_s=0.5)
+    report["train_statuses"] = seen
+    report["train_queue"] = _cli(env, "jobs", "queue").stdout
+    logs = _cli(env, "jobs", "logs", job_id, "--no-follow")
+    report["train_logs"] = logs.stdout + logs.stderr
+    report["train_starts"] = _starts(probe, "starts")
+    report["variables"] = [v["key"] for v in client.get("/api/v2/variables").json()["variables"]]
+
+    # 3. A second job, detached, cancelled once it runs.
+    launched = _cli(env, "jobs", "launch", str(probe / "long.yaml"), "-c", "managed-long", "--detach")
+    report["long_launch"] = launched.stdout + launched.stderr
+    long_id = next(line.split()[2] for line in launched.stdout.splitlines() if line.startswith("Managed job"))
+    _until(
+        "both ranks of the second job to run", lambda: len(_starts(probe, "long-starts")) >= 2, 300, report
+    )
+    cancelled = _cli(env, "jobs", "cancel", long_id)
+    report["cancel_output"] = cancelled.stdout + cancelled.stderr
+    statuses: list[str] = []
+
+    def cancel_done() -> bool:
+        status = _queue(env).get(long_id, "?")
+        if not statuses or statuses[-1] != status:
+            statuses.append(status)
+        return status == "CANCELLED" and not daemon.processes_with_marker("managed-long")
+
+    _until("the second job to be cancelled and its nodes gone", cancel_done, 300, report)
+    report["long_statuses"] = statuses
+    report["long_nodes_left"] = len(daemon.processes_with_marker("managed-long"))
+    report["clusters_left"] = [c for c in LocalCloud().clusters() if c.startswith("managed-")]
+
+
+def main(config_path: str, report_path: str) -> int:
+    config = json.loads(Path(config_path).read_text())
+    home, probe = Path(config["home"]), Path(config["probe"])
+    (home / "dags").mkdir(parents=True, exist_ok=True)
+    (home / "dags" / "airflow_sky_jobs.py").write_text(DAG_FILE)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    log = home / "standalone.log"
+    env = _stack_env(home)
+    with log.open("wb") as out:
+        stack = subprocess.Popen(
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    report: dict[str, Any] = {"log": str(log)}
+    started = time.monotonic()
+    try:
+        client = httpx.Client(base_url=API, timeout=30)
+        token = _wait_for(
+            "the API server", lambda: client.get("/auth/token").json()["access_token"], 240, stack, log
+        )
+        client.headers["Authorization"] = f"Bearer {token}"
+        _wait_for(
+            "the managed jobs DAG to be parsed",
+            lambda: client.get("/api/v2/dags/airflow_sky_jobs").status_code == 200,
+            240,
+            stack,
+            log,
+        )
+        report["startup_s"] = time.monotonic() - started
+        cli_env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_SKY_API")}
+        cli_env.update({"AIRFLOW_SKY_API_URL": API, "AIRFLOW_HOME": str(home / "cli-home")})
+        scenario(cli_env, probe, client, report)
+    except Exception as e:  # the report carries the failure to the test, with the stack's log
+        report["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        report["run_s"] = time.monotonic() - started
+        os.killpg(stack.pid, signal.SIGTERM)
+        try:
+            stack.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait()
+        Path(report_path).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,67 @@
+"""Managed jobs on a real Airflow (`airflow standalone` in a private network namespace), through the CLI.
+
+See jobs_driver.py for the scenario: a bad task refused locally; a job launched from the CLI, the CLI killed,
+a node preempted, the job recovered by Airflow alone; a second job cancelled with nothing left running.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from airflow_sky.infra.local import daemon
+from tests.scheduler.jobs_driver import SECRET
+from tests.scheduler.stack import run_in_private_network, terminate_clusters
+
+DRIVER = Path(__file__).with_name("jobs_driver.py")
+
+
+def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelled_one_leaves_no_node(
+    tmp_path: Path,
+):
+    home = tmp_path / "airflow"
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    config = {"home": str(home), "probe": str(probe)}
+    try:
+        driver, report_path = run_in_private_network([sys.executable, str(DRIVER)], tmp_path, config, 1200)
+        log_path = home / "standalone.log"
+        log = log_path.read_text(errors="replace") if log_path.exists() else ""
+        assert driver.returncode == 0 and report_path.exists(), driver.stdout + driver.stderr + log[-5000:]
+        report = json.loads(report_path.read_text())
+        context = json.dumps(report, indent=1)[-12000:] + "\n" + log[-4000:]
+        assert "error" not in report, context
+
+        # A bad task never reaches Airflow.
+        assert report["bad"]["rc"] == 2 and "num_nodes" in report["bad"]["output"], context
+        assert report["runs_after_bad"] == 0, context
+
+        # The CLI followed the job until it was killed; the job went on without it and recovered.
+        assert "rank 0 gen 0 token=***" in report["launch_output"] or "gen 0" in report["launch_output"], (
+            context
+        )
+        assert report["train_statuses"][-1] == "SUCCEEDED", context
+        assert "RECOVERING" in report["train_statuses"], context
+        assert sorted(report["train_starts"]) == ["0 0", "0 1", "1 0", "1 1"], context  # once per generation
+        queue_line = next(line for line in report["train_queue"].splitlines() if report["train_job"] in line)
+        assert queue_line.split()[-2:] == ["1", "SUCCEEDED"], queue_line  # one recovery
+        logs = report["train_logs"]
+        for rank in (0, 1):
+            for gen in (0, 1):
+                assert f"rank {rank} gen {gen} token=***" in logs, context
+        assert "Relaunching job" in logs, context
+
+        # The secret reached the ranks (masked in every log), never the conf, and its Variable is gone.
+        assert SECRET not in json.dumps(report), context
+        assert report["train_conf"]["secrets"] == {
+            "TOKEN": f"airflow_sky_secret__{report['train_job']}__TOKEN"
+        }
+        assert not any(key.startswith("airflow_sky_secret__") for key in report["variables"]), context
+
+        # The cancelled job: every rank stopped, its nodes torn down.
+        assert report["long_statuses"][-1] == "CANCELLED", context
+        assert report["long_nodes_left"] == 0 and report["clusters_left"] == [], context
+        assert daemon.processes_with_marker("managed-") == []
+    finally:
+        terminate_clusters("managed-")
