@@ -200,12 +200,7 @@ def main(config_path: str, report_path: str) -> int:
         report["error"] = f"{type(e).__name__}: {e}"
     finally:
         report["run_s"] = time.monotonic() - started
-        os.killpg(stack.pid, signal.SIGTERM)
-        try:
-            stack.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(stack.pid, signal.SIGKILL)
-            stack.wait()
+        stop_stack(stack)
         Path(report_path).write_text(json.dumps(report, indent=2))
     return 0
 

@@ -241,14 +241,19 @@ def main(config_path: str, report_path: str) -> int:
     except Exception as e:  # the report carries the failure to the test, with the stack's log
         report["error"] = f"{type(e).__name__}: {e}"
     finally:
-        os.killpg(stack.pid, signal.SIGTERM)
-        try:
-            stack.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(stack.pid, signal.SIGKILL)
-            stack.wait()
+        stop_stack(stack)
         Path(report_path).write_text(json.dumps(report, indent=2))
     return 0
+
+
+def stop_stack(stack: subprocess.Popen[bytes]) -> None:
+    """Stop `airflow standalone` and every component it started (its own session)."""
+    os.killpg(stack.pid, signal.SIGTERM)
+    try:
+        stack.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(stack.pid, signal.SIGKILL)
+        stack.wait()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
