@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.scheduler.stack_driver import API, _exit_on_sigterm, _stack_env, _wait_for
+from tests.scheduler.stack_driver import API, _exit_on_sigterm, _stack_env, _wait_for, stop_stack
 
 SKY = str(Path(sys.executable).parent / "airflow-sky")
 SECRET = "managed-s3cr3t-value"
