@@ -36,6 +36,7 @@ SLOWEST_FILES = (
     "tests/scheduler/test_real_scheduler.py",
     "tests/gcp/test_gcp_jobs.py",
     "tests/deploy/test_abandoned_run.py",
+    "tests/scheduler/test_managed_jobs.py",
     "tests/ssh/test_ssh_jobs.py",
     "tests/dags/test_sky_job_dag.py",
     "tests/cli/test_first_user.py",
