@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import secrets as random
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,6 +23,7 @@ from airflow_sky.errors import SpecError
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
 from airflow_sky.operators.job_spec import JobSpec, local_paths, secret_variable_key
 from airflow_sky.task import Task
+from airflow_sky.task.pipeline import SERIAL, Pipeline
 
 CANCEL_NOTE = "Cancelled with `airflow-sky jobs cancel`"
 _ACTIVE = ("running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule", "restarting")
@@ -47,7 +49,7 @@ class ManagedJob:
 
 
 def launch(
-    task: Task | str | os.PathLike[str],
+    task: Task | Pipeline | str | os.PathLike[str],
     *,
     env: Mapping[str, str] | None = None,
     secrets: Mapping[str, str] | None = None,
@@ -58,69 +60,131 @@ def launch(
     api: AirflowApi | None = None,
     dag_id: str = MANAGED_DAG_ID,
 ) -> str:
-    """Submit `task` (a Task or a task YAML) as a managed job; returns its job id (the DAG run id).
+    """Submit `task` (a Task, a Pipeline, or a task YAML: one task or a pipeline file) as a managed job;
+    returns its job id (the DAG run id). A pipeline's tasks run in order in that one run, each on a cluster
+    of its own; the deployed DAG needs as many pipeline slots (`managed_jobs_dag(pipeline_slots=N)`).
 
-    The task is checked here: a bad one is refused before anything reaches Airflow. Secrets go into Airflow
-    Variables (never into the run's conf), which the run deletes when it ends.
+    Everything is checked here: a bad task is refused before anything reaches Airflow. Secrets go into
+    Airflow Variables (never into the run's conf), which the run deletes when it ends.
     """
-    if not isinstance(task, Task):
-        task = Task.from_yaml(os.fspath(task), env_overrides=env)
-    elif env:
-        task = task.update_envs(env)
-    if secrets:
-        task = task.update_secrets(secrets)
+    tasks, pipeline = _tasks_of(task, env)
+    for one in tasks:
+        if secrets:
+            one.update_secrets(secrets)
+        unreadable = local_paths(one)
+        if unreadable:
+            raise SpecError(
+                f"{_label(one, pipeline)}{', '.join(unreadable)}: a managed job runs on the deployment's workers, "
+                "which cannot read this machine's files; use a git workdir (workdir: {url: ...}) or bucket "
+                "file_mounts (s3://, gs://)"
+            )
     if num_nodes is not None:
+        if pipeline is not None:
+            raise SpecError("num_nodes: a pipeline's tasks name their own node counts")
         if num_nodes < 1:
             raise SpecError(f"num_nodes: must be an integer >= 1, got {num_nodes}")
-        task.num_nodes = num_nodes
-    unreadable = local_paths(task)
-    if unreadable:
-        raise SpecError(
-            f"{', '.join(unreadable)}: a managed job runs on the deployment's workers, which cannot read this "
-            "machine's files; use a git workdir (workdir: {url: ...}) or bucket file_mounts (s3://, gs://)"
-        )
-    mapping = task.to_dict()
-    mapping["secrets"] = {name: None for name in task.secrets}
+        tasks[0].num_nodes = num_nodes
     run_id = f"sky-job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{random.token_hex(3)}"
-    spec = JobSpec(
-        task=mapping,
-        secrets={name: secret_variable_key(run_id, name) for name in task.secrets},
-        infra=infra or task.resources.infra or "local",
-        cluster_name=cluster_name,
-        down=down,
+    specs = []
+    for index, one in enumerate(tasks):
+        mapping = one.to_dict()
+        mapping["secrets"] = {name: None for name in one.secrets}
+        owner = run_id if pipeline is None else f"{run_id}-{index + 1}"
+        specs.append(
+            JobSpec(
+                task=mapping,
+                secrets={name: secret_variable_key(owner, name) for name in one.secrets},
+                infra=infra or one.resources.infra or "local",
+                cluster_name=cluster_name if pipeline is None else None,
+                down=down,
+            )
+        )
+    for spec in specs:
+        JobSpec.from_conf(spec.to_conf())  # what the DAG's spec tasks will check, checked here first
+    conf = (
+        specs[0].to_conf()
+        if pipeline is None
+        else {"pipeline": pipeline, "jobs": [s.to_conf() for s in specs]}
     )
-    JobSpec.from_conf(spec.to_conf())  # what the DAG's spec task will check, checked here first
+    values = {
+        spec.secrets[name]: one.secrets[name]
+        for spec, one in zip(specs, tasks, strict=True)
+        for name in spec.secrets
+    }
     with _api(api) as client:
+        if pipeline is not None:
+            _check_pipeline_slots(client, dag_id, len(tasks))
         created: list[str] = []
         try:
-            for name, key in spec.secrets.items():
+            for key, value in values.items():
                 client.request(
                     "POST",
                     "/variables",
-                    json={
-                        "key": key,
-                        "value": task.secrets[name],
-                        "description": f"secret {name} of {run_id}",
-                    },
+                    json={"key": key, "value": value, "description": f"a secret of {run_id}"},
                 )
                 created.append(key)
-            body = {"dag_run_id": run_id, "logical_date": None, "conf": spec.to_conf()}
+            body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
             try:
                 client.request("POST", f"/dags/{dag_id}/dagRuns", json=body)
             except ApiError as e:
                 if e.status_code != 404:
                     raise
-                raise ApiError(
-                    f"the Airflow at {client.config.url} has no DAG {dag_id}: add the managed jobs DAG to its "
-                    "DAG folder (docs/deploy.md, managed jobs)",
-                    404,
-                ) from e
+                raise _no_dag(client, dag_id) from e
         except ApiError:
             for key in created:  # nothing of a refused launch stays behind
                 with contextlib.suppress(ApiError):
                     client.request("DELETE", f"/variables/{key}")
             raise
     return run_id
+
+
+def _tasks_of(
+    task: Task | Pipeline | str | os.PathLike[str], env: Mapping[str, str] | None
+) -> tuple[list[Task], str | None]:
+    """The tasks to run, and the pipeline's name (None for a single task)."""
+    if isinstance(task, Task):
+        return [task.update_envs(env) if env else task], None
+    if not isinstance(task, Pipeline):
+        task = Pipeline.from_yaml(os.fspath(task), env_overrides=env)
+        if len(task.tasks) == 1 and task.execution == SERIAL:
+            return task.tasks, None
+    elif env:
+        for one in task.tasks:
+            one.update_envs(env)
+    if task.execution != SERIAL:
+        raise SpecError(
+            f"pipeline {task.name}: execution: {task.execution}: a managed job runs a pipeline's tasks in order; "
+            "put a parallel pipeline in a DAG (dags_from_folder) instead"
+        )
+    return list(task.tasks), task.name
+
+
+def _label(task: Task, pipeline: str | None) -> str:
+    return "" if pipeline is None else f"task {task.name or '(unnamed)'}: "
+
+
+def _no_dag(client: AirflowApi, dag_id: str) -> ApiError:
+    return ApiError(
+        f"the Airflow at {client.config.url} has no DAG {dag_id}: add the managed jobs DAG to its DAG folder "
+        "(docs/deploy.md, managed jobs)",
+        404,
+    )
+
+
+def _check_pipeline_slots(client: AirflowApi, dag_id: str, jobs: int) -> None:
+    """Refuse, before anything is created, a pipeline longer than the deployed DAG has slots for."""
+    try:
+        tasks = client.get(f"/dags/{dag_id}/tasks")["tasks"]
+    except ApiError as e:
+        if e.status_code == 404:
+            raise _no_dag(client, dag_id) from e
+        raise
+    slots = sum(1 for t in tasks if re.fullmatch(r"spec\d*", str(t.get("task_id"))))
+    if jobs > slots:
+        raise SpecError(
+            f"the pipeline has {jobs} tasks; the deployed {dag_id} DAG runs at most {slots} "
+            f"(deploy it as managed_jobs_dag(pipeline_slots={jobs}) or more)"
+        )
 
 
 def queue(limit: int = 50, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> list[ManagedJob]:
@@ -255,20 +319,28 @@ def _job(
     client: AirflowApi, dag_id: str, run: Mapping[str, Any], tis: list[dict[str, Any]] | None = None
 ) -> ManagedJob:
     conf = run.get("conf") or {}
-    task: dict[str, Any] = conf["task"] if isinstance(conf.get("task"), dict) else {}
+    first = (conf.get("jobs") or [{}])[0] if "jobs" in conf else conf
+    task: dict[str, Any] = (
+        first["task"] if isinstance(first, dict) and isinstance(first.get("task"), dict) else {}
+    )
     if tis is None:
         tis = _task_instances(client, dag_id, run["dag_run_id"])
-    status_xcom = (
-        _job_status_xcom(client, dag_id, run["dag_run_id"])
-        if _any(tis, "run_follow", ("running", "deferred", "success", "failed"))
-        else None
+    # Every job of a pipeline that got to its run: the latest one's status, all their recoveries.
+    groups = sorted(
+        {
+            str(t["task_id"]).rsplit(".", 1)[0]
+            for t in tis
+            if _step(t) == "run_follow" and t.get("state") in ("running", "deferred", "success", "failed")
+        }
     )
+    pushed = [x for x in (_job_status_xcom(client, dag_id, run["dag_run_id"], g) for g in groups) if x]
+    status_xcom = pushed[-1] if pushed else None
     started, ended = _time(run.get("start_date")), _time(run.get("end_date"))
     return ManagedJob(
         job_id=run["dag_run_id"],
-        name=str(task.get("name") or "-"),
+        name=str(conf.get("pipeline") or task.get("name") or "-"),
         status=_status(client, dag_id, run, tis, status_xcom),
-        recoveries=int(status_xcom["generation"]) if status_xcom else 0,
+        recoveries=sum(int(x.get("generation", 0)) for x in pushed),
         num_nodes=task.get("num_nodes"),
         submitted=_time(run.get("queued_at")) or started,
         duration_s=((ended or datetime.now(UTC)) - started).total_seconds() if started else None,
@@ -307,9 +379,13 @@ def _any(tis: list[dict[str, Any]], step: str, states: tuple[str, ...]) -> bool:
     return any(_step(t) == step and t.get("state") in states for t in tis)
 
 
-def _job_status_xcom(client: AirflowApi, dag_id: str, run_id: str) -> dict[str, Any] | None:
-    """What the head's run follow task last pushed about recoveries (none before the first)."""
-    path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{JOB_GROUP}.run_follow/xcomEntries/{JOB_STATUS_XCOM_KEY}"
+def _job_status_xcom(
+    client: AirflowApi, dag_id: str, run_id: str, group: str = JOB_GROUP
+) -> dict[str, Any] | None:
+    """What the head's run follow task of `group` last pushed about recoveries (none before the first)."""
+    path = (
+        f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{group}.run_follow/xcomEntries/{JOB_STATUS_XCOM_KEY}"
+    )
     try:
         value = client.get(path, map_index=0).get("value")
     except ApiError as e:

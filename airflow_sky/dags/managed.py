@@ -30,9 +30,20 @@ MANAGED_DAG_ID = "airflow_sky_jobs"
 JOB_GROUP = "job"  # the task group of the job's phases: job.provision, job.run_follow, ...
 
 
-def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, **dag_kwargs: Any) -> DAG:
+def slot_group(index: int) -> str:
+    """The task group of pipeline slot `index` (0: `job`, then `job2`, `job3`, ...)."""
+    return JOB_GROUP if index == 0 else f"{JOB_GROUP}{index + 1}"
+
+
+def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, pipeline_slots: int = 1, **dag_kwargs: Any) -> DAG:
     """The managed jobs DAG. DAG kwargs pass through (e.g. `max_active_runs`, `tags`, `access_control`);
-    `sky_job` options such as `deferrable` go in `job_kwargs`."""
+    `sky_job` options such as `deferrable` go in `job_kwargs`.
+
+    :param pipeline_slots: the most tasks a pipeline may have: one job group per slot, chained (slot 2 runs
+        when slot 1 succeeded); a run with fewer jobs skips the rest. 1 (the default) runs single tasks.
+    """
+    if pipeline_slots < 1:
+        raise ValueError(f"pipeline_slots: must be >= 1, got {pipeline_slots}")
     job_kwargs = dag_kwargs.pop("job_kwargs", {})
     dag_kwargs.setdefault("schedule", None)
     dag_kwargs.setdefault("catchup", False)
@@ -43,9 +54,16 @@ def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, **dag_kwargs: Any) -> DAG:
         # The setup of the secrets' teardown: an empty task that cannot fail (a teardown is skipped when its
         # setup failed, and a refused conf must not leave its secrets behind).
         begin = EmptyOperator(task_id="begin")
-        spec = SkyJobSpecOperator(task_id="spec")
-        group = sky_job(spec.output, group_id=JOB_GROUP, down=True, **job_kwargs)
+        previous: Any = begin
+        for index in range(pipeline_slots):
+            spec = SkyJobSpecOperator(task_id=f"spec{'' if index == 0 else index + 1}", index=index)
+            group = sky_job(spec.output, group_id=slot_group(index), down=True, **job_kwargs)
+            previous >> spec >> group
+            # The next job waits for this one's result (collect: fails when the job failed) and for its nodes
+            # to be gone (terminated); the group's leaves alone hold only the latter.
+            gid = slot_group(index)
+            previous = [group.children[f"{gid}.collect"], group.children[f"{gid}.terminated"]]
         forget = SkyForgetSecretsOperator(task_id="forget_secrets")
-        begin >> spec >> group >> forget
+        previous >> forget
         forget.as_teardown(setups=begin)
     return dag

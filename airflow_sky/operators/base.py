@@ -16,7 +16,7 @@ from airflow_sky.gang.relaunch import current_handle
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.infra.base import Node
 from airflow_sky.operators.job_spec import JobSpec
-from airflow_sky.operators.managed import read_secrets
+from airflow_sky.operators.secrets import read_secrets
 from airflow_sky.task import Task
 from airflow_sky.task.redaction import sensitive_values
 from airflow_sky.task.templating import protect_shell_syntax

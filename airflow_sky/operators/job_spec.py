@@ -7,6 +7,9 @@ with a conf of this shape:
      "secrets": {"NAME": "airflow_sky_secret__<run>__NAME", ...},   # the Airflow Variables holding them
      "infra": "local", "cluster_name": null, "down": true}
 
+A multi-task pipeline is `{"pipeline": "<name>", "jobs": [<one conf as above per task>, ...]}`, run in
+order, one job after the other (each its own cluster), in one run of a DAG with enough pipeline slots.
+
 Secret values never sit in the conf (a DAG run's conf is stored and shown in clear): they live in Airflow
 Variables, Airflow's own store for secrets (encrypted with the deployment's Fernet key, masked in the API and
 in task logs by their name), and the DAG's last task deletes them.
@@ -25,6 +28,19 @@ from airflow_sky.task import Task
 SECRET_VARIABLE_PREFIX = "airflow_sky_secret__"  # "secret" in the name: Airflow masks the value everywhere
 _CONF_FIELDS = ("task", "secrets", "infra", "cluster_name", "down")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def job_confs(conf: Any, source: str = "the run conf") -> list[Any]:
+    """The conf of each job of a run conf: one, or a pipeline's in order."""
+    if isinstance(conf, Mapping) and ("jobs" in conf or "pipeline" in conf):
+        unknown = sorted(set(conf) - {"pipeline", "jobs"})
+        jobs = conf.get("jobs")
+        if unknown or not isinstance(jobs, list) or not jobs:
+            raise SpecError(
+                f"{source}: a pipeline is {{pipeline: <name>, jobs: [<job>, ...]}} with at least one job"
+            )
+        return jobs
+    return [conf]
 
 
 def secret_variable_key(run_id: str, name: str) -> str:

@@ -2,39 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from airflow.sdk import BaseOperator, Variable
-from airflow.sdk.log import mask_secret
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_sky.errors import SpecError
-from airflow_sky.operators.job_spec import SECRET_VARIABLE_PREFIX, JobSpec
-
-
-def read_secrets(spec: JobSpec) -> dict[str, str]:
-    """The secrets' values from their Airflow Variables, registered with the masker as they are read."""
-    values = {}
-    for name, key in spec.secrets.items():
-        value = Variable.get(key, default=None)
-        if value is None:
-            raise SpecError(
-                f"secrets.{name}: the Airflow Variable {key} is gone (deleted, or the run was triggered without "
-                "`airflow-sky jobs launch`, which creates it)"
-            )
-        mask_secret(value, name=name)
-        values[name] = str(value)
-    return values
+from airflow_sky.operators.job_spec import SECRET_VARIABLE_PREFIX, JobSpec, job_confs
+from airflow_sky.operators.provision import default_cluster_name
+from airflow_sky.operators.secrets import read_secrets
 
 
 class SkyJobSpecOperator(BaseOperator):
-    """Checks the run conf of a managed job (see operators.job_spec) and returns it as the job's spec; every
-    task of the job reads the spec from this task's XCom. A bad conf fails here, before any node exists."""
+    """Checks the run conf of a managed job (see operators.job_spec) and returns the spec of the job in slot
+    `index` (0: the job, or a pipeline's first); every task of that job reads the spec from this task's XCom.
+    A bad conf fails here, before any node exists; a slot the pipeline does not use is skipped, and so is
+    every task after it."""
 
     ui_color = "#e8eaf6"
 
+    def __init__(self, *, index: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+
     def execute(self, context: Any) -> dict[str, Any]:
-        conf = context["dag_run"].conf or {}
-        spec = JobSpec.from_conf(conf)
+        confs = job_confs(context["dag_run"].conf or {})
+        if self.index >= len(confs):
+            raise AirflowSkipException(f"the run has {len(confs)} job(s); slot {self.index + 1} is not used")
+        source = "the run conf" if len(confs) == 1 else f"the run conf: jobs[{self.index}]"
+        spec = JobSpec.from_conf(confs[self.index], source=source)
+        if len(confs) > 1 and spec.cluster_name is None:
+            # A pipeline's jobs run one after the other, each on a cluster of its own (as in SkyPilot).
+            name = default_cluster_name(self.dag_id, context["run_id"], f"job{self.index + 1}")
+            spec = dataclasses.replace(spec, cluster_name=name)
         task = spec.load_task(read_secrets(spec))
         self.log.info(
             "Job %s: %d node(s) on %s, cluster %s (%s)",
@@ -55,11 +56,15 @@ class SkyForgetSecretsOperator(BaseOperator):
     ui_color = "#e8eaf6"
 
     def execute(self, context: Any) -> None:
-        conf = context["dag_run"].conf or {}
-        secrets = conf.get("secrets") if isinstance(conf, dict) else None
+        try:
+            confs = job_confs(context["dag_run"].conf or {})
+        except SpecError:
+            confs = []
         keys = [
             key
-            for key in (secrets.values() if isinstance(secrets, dict) else ())
+            for conf in confs
+            if isinstance(conf, dict) and isinstance(conf.get("secrets"), dict)
+            for key in conf["secrets"].values()
             if isinstance(key, str) and key.startswith(SECRET_VARIABLE_PREFIX)
         ]
         for key in keys:

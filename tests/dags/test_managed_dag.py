@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from airflow_sky import Task
@@ -65,3 +66,48 @@ def test_a_bad_conf_fails_the_spec_task_before_any_node_exists_and_its_secrets_a
     assert result.returncode != 0
     assert "num_nodes" in result.output and "[DAG TEST] starting task_id=job.provision" not in result.output
     assert key not in _variables(airflow_home)  # the teardown ran all the same
+
+
+PIPELINE_SOURCE = """
+from airflow_sky.dags.managed import managed_jobs_dag
+
+dag = managed_jobs_dag(pipeline_slots=3)
+"""
+
+
+def _pipeline_conf(tmp_path, first_run: str) -> dict[str, object]:
+    first = Task(name="prepare", envs={"PROBE": str(tmp_path)}, run=first_run)
+    second = Task(
+        name="train",
+        num_nodes=2,
+        envs={"PROBE": str(tmp_path)},
+        run='test -f "$PROBE/prepared" && echo "$SKYPILOT_NODE_RANK" >> "$PROBE/trained"',
+    )
+    return {
+        "pipeline": "prep-train",
+        "jobs": [JobSpec(task=t.to_dict(), secrets={}).to_conf() for t in (first, second)],
+    }
+
+
+def test_a_pipeline_conf_runs_its_jobs_in_order_each_on_its_own_cluster_and_skips_unused_slots(
+    run_dag, tmp_path
+):
+    result = run_dag(
+        "airflow_sky_jobs", PIPELINE_SOURCE, conf=_pipeline_conf(tmp_path, 'touch "$PROBE/prepared"')
+    )
+    assert result.returncode == 0, result.digest
+    assert sorted((tmp_path / "trained").read_text().split()) == ["0", "1"]
+    assert "job3.provision" not in result.output.split("[DAG TEST] starting task_id=")[-1]  # slot 3 unused
+    assert "slot 3 is not used" in result.output
+    clusters = set(re.findall(r"(?:Launching|Reusing) cluster (\S+) on", result.output))
+    assert len(clusters) == 2, clusters  # one per job
+    for cluster in clusters:
+        assert daemon.processes_with_marker(cluster) == []
+
+
+def test_a_failed_pipeline_job_stops_the_jobs_after_it(run_dag, tmp_path):
+    result = run_dag("airflow_sky_jobs", PIPELINE_SOURCE, conf=_pipeline_conf(tmp_path, "exit 7"))
+    assert result.returncode != 0
+    assert "rank 0 failed with exit code 7" in result.output
+    assert not (tmp_path / "trained").exists()
+    assert "[DAG TEST] starting task_id=job2.provision" not in result.output

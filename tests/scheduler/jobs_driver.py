@@ -30,7 +30,9 @@ from tests.scheduler.stack_driver import API, _exit_on_sigterm, _stack_env, _wai
 
 SKY = str(Path(sys.executable).parent / "airflow-sky")
 SECRET = "managed-s3cr3t-value"
-DAG_FILE = "from airflow_sky.dags.managed import managed_jobs_dag\n\ndag = managed_jobs_dag()\n"
+DAG_FILE = (
+    "from airflow_sky.dags.managed import managed_jobs_dag\n\ndag = managed_jobs_dag(pipeline_slots=2)\n"
+)
 TRAIN = """name: train
 num_nodes: 2
 envs:
@@ -56,6 +58,16 @@ run: |
   sleep 600
 """
 BAD = "name: bad\nnum_nodes: two\nrun: echo never\n"
+PIPELINE = """name: prep-train
+---
+name: prepare
+run: echo prepared > "{probe}/prepared"
+---
+name: train
+num_nodes: 2
+run: test -f "{probe}/prepared" && echo "$SKYPILOT_NODE_RANK" >> "{probe}/trained"
+"""
+PIPELINE3 = PIPELINE + "---\nname: evaluate\nrun: echo eval\n"
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -95,6 +107,8 @@ def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dic
     (probe / "bad.yaml").write_text(BAD)
     (probe / "train.yaml").write_text(TRAIN.format(probe=probe))
     (probe / "long.yaml").write_text(LONG.format(probe=probe))
+    (probe / "pipeline.yaml").write_text(PIPELINE.format(probe=probe))
+    (probe / "pipeline3.yaml").write_text(PIPELINE3.format(probe=probe))
 
     bad = _cli(env, "jobs", "launch", str(probe / "bad.yaml"))
     report["bad"] = {"rc": bad.returncode, "output": bad.stdout + bad.stderr}
@@ -158,7 +172,26 @@ def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dic
     _until("the second job to be cancelled and its nodes gone", cancel_done, 300, report)
     report["long_statuses"] = statuses
     report["long_nodes_left"] = len(daemon.processes_with_marker("managed-long"))
-    report["clusters_left"] = [c for c in LocalCloud().clusters() if c.startswith("managed-")]
+
+    # 4. A pipeline: its tasks in order in one run; one longer than the DAG's slots is refused locally.
+    too_long = _cli(env, "jobs", "launch", str(probe / "pipeline3.yaml"), "--detach")
+    report["pipeline3"] = {"rc": too_long.returncode, "output": too_long.stdout + too_long.stderr}
+    launched = _cli(env, "jobs", "launch", str(probe / "pipeline.yaml"), "--detach")
+    report["pipeline_launch"] = launched.stdout + launched.stderr
+    pipeline_id = next(
+        line.split()[2] for line in launched.stdout.splitlines() if line.startswith("Managed job")
+    )
+    report["pipeline_status"] = _until(
+        "the pipeline to end",
+        lambda: (s := _queue(env).get(pipeline_id)) in ("SUCCEEDED", "FAILED", "FAILED_SETUP") and s,
+        300,
+        report,
+    )
+    report["pipeline_trained"] = sorted(_starts(probe, "trained"))
+    report["runs_total"] = client.get("/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
+    report["clusters_left"] = [
+        c for c in LocalCloud().clusters() if c.startswith(("managed-", "airflow-sky-jobs"))
+    ]
 
 
 def main(config_path: str, report_path: str) -> int:

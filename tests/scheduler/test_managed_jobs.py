@@ -62,6 +62,13 @@ def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelle
         # The cancelled job: every rank stopped, its nodes torn down.
         assert report["long_statuses"][-1] == "CANCELLED", context
         assert report["long_nodes_left"] == 0 and report["clusters_left"] == [], context
+
+        # A pipeline runs its tasks in order in one run; a longer one than the DAG has slots for is refused.
+        assert report["pipeline3"]["rc"] != 0 and "pipeline_slots=3" in report["pipeline3"]["output"], context
+        assert report["pipeline_status"] == "SUCCEEDED", context
+        assert report["pipeline_trained"] == ["0", "1"], context
+        assert report["runs_total"] == 3, context  # train, long, the pipeline: nothing from the refused ones
         assert daemon.processes_with_marker("managed-") == []
     finally:
         terminate_clusters("managed-")
+        terminate_clusters("airflow-sky-jobs")  # the pipeline's, one per task

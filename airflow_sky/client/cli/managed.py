@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from airflow_sky.errors import SpecError
+
 
 def register(subparsers: Any) -> None:
     jobs = subparsers.add_parser(
@@ -51,17 +53,27 @@ def register(subparsers: Any) -> None:
 def _launch(args: argparse.Namespace) -> int:
     from airflow_sky.client import managed_jobs
     from airflow_sky.client.cli.launch import task_with_overrides
+    from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
+    from airflow_sky.task.pipeline import is_pipeline_file
 
-    task = task_with_overrides(args)  # checked here: a bad task never reaches Airflow
-    if args.name:
-        task.name = args.name
-    job_id = managed_jobs.launch(
-        task,
-        infra=args.infra or task.resources.infra,
-        cluster_name=args.cluster,
-        down=not args.keep,
-    )
-    print(f"Managed job {job_id} submitted ({task.name or 'unnamed'}, {task.num_nodes} node(s))", flush=True)
+    # Checked here: a bad task never reaches Airflow.
+    if is_pipeline_file(args.file):
+        if args.cluster or args.num_nodes is not None:
+            raise SpecError(
+                "-c/--num-nodes: a pipeline's tasks each get a cluster of their own and name their node counts"
+            )
+        pipeline = load_pipeline_args(args)
+        job_id = managed_jobs.launch(pipeline, infra=args.infra, down=not args.keep)
+        what = f"pipeline {pipeline.name}, {len(pipeline.tasks)} tasks in order"
+    else:
+        task = task_with_overrides(args)
+        if args.name:
+            task.name = args.name
+        job_id = managed_jobs.launch(
+            task, infra=args.infra or task.resources.infra, cluster_name=args.cluster, down=not args.keep
+        )
+        what = f"{task.name or 'unnamed'}, {task.num_nodes} node(s)"
+    print(f"Managed job {job_id} submitted ({what})", flush=True)
     if args.detach:
         print(f"Follow it with: airflow-sky jobs logs {job_id}")
         return 0
