@@ -21,7 +21,7 @@ from airflow_sky.client.airflow_api import AirflowApi, ApiError
 from airflow_sky.dags.managed import JOB_GROUP, MANAGED_DAG_ID
 from airflow_sky.errors import SpecError
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
-from airflow_sky.operators.job_spec import JobSpec, local_paths, secret_variable_key
+from airflow_sky.operators.job_spec import JobSpec, job_owner, local_paths, secret_variable_key
 from airflow_sky.task import Task
 from airflow_sky.task.pipeline import SERIAL, Pipeline
 
@@ -89,7 +89,7 @@ def launch(
     for index, one in enumerate(tasks):
         mapping = one.to_dict()
         mapping["secrets"] = {name: None for name in one.secrets}
-        owner = run_id if pipeline is None else f"{run_id}-{index + 1}"
+        owner = job_owner(run_id, index, len(tasks))
         specs.append(
             JobSpec(
                 task=mapping,
@@ -99,13 +99,10 @@ def launch(
                 down=down,
             )
         )
-    for spec in specs:
-        JobSpec.from_conf(spec.to_conf())  # what the DAG's spec tasks will check, checked here first
-    conf = (
-        specs[0].to_conf()
-        if pipeline is None
-        else {"pipeline": pipeline, "jobs": [s.to_conf() for s in specs]}
-    )
+    for index, spec in enumerate(specs):  # what the DAG's spec tasks will check, checked here first
+        JobSpec.from_conf(spec.to_run_conf(), owner=job_owner(run_id, index, len(specs)))
+    confs = [spec.to_run_conf() for spec in specs]
+    conf = confs[0] if pipeline is None else {"pipeline": pipeline, "jobs": confs}
     values = {
         spec.secrets[name]: one.secrets[name]
         for spec, one in zip(specs, tasks, strict=True)

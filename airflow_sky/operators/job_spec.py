@@ -4,7 +4,7 @@
 with a conf of this shape:
 
     {"task": {...},                 # the task mapping (Task.to_dict()), without its secrets' values
-     "secrets": {"NAME": "airflow_sky_secret__<run>__NAME", ...},   # the Airflow Variables holding them
+     "secrets": ["NAME", ...],      # held in the Airflow Variables airflow_sky_secret__<run id>__NAME
      "infra": "local", "cluster_name": null, "down": true}
 
 A multi-task pipeline is `{"pipeline": "<name>", "jobs": [<one conf as above per task>, ...]}`, run in
@@ -43,6 +43,30 @@ def job_confs(conf: Any, source: str = "the run conf") -> list[Any]:
     return [conf]
 
 
+def _secret_keys(secrets: Any, owner: str | None, source: str) -> dict[str, str]:
+    """Secret name -> its Variable: derived from the run (a conf can name no other run's Variable)."""
+    if owner is not None:
+        if secrets is None:
+            return {}
+        if not isinstance(secrets, list) or not all(isinstance(n, str) and _NAME.match(n) for n in secrets):
+            raise SpecError(
+                f"{source}: secrets: must list the secrets' names (their values are in Airflow Variables "
+                f"{SECRET_VARIABLE_PREFIX}<run>__<NAME>, never in a conf)"
+            )
+        return {name: secret_variable_key(owner, name) for name in secrets}
+    if not isinstance(secrets, Mapping) or not all(
+        isinstance(k, str) and _NAME.match(k) and isinstance(v, str) and v.startswith(SECRET_VARIABLE_PREFIX)
+        for k, v in secrets.items()
+    ):
+        raise SpecError(f"{source}: secrets: must map each secret's name to its Airflow Variable")
+    return dict(secrets)
+
+
+def job_owner(run_id: str, index: int, jobs: int) -> str:
+    """Whose Variables a job's secrets are in: the run's, or for a pipeline's jobs `<run id>-<n>`."""
+    return run_id if jobs == 1 else f"{run_id}-{index + 1}"
+
+
 def secret_variable_key(run_id: str, name: str) -> str:
     """The Airflow Variable that holds secret `name` of the managed job run `run_id`."""
     return f"{SECRET_VARIABLE_PREFIX}{run_id}__{name}"
@@ -60,8 +84,13 @@ class JobSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_conf(cls, conf: Any, source: str = "the run conf") -> JobSpec:
-        """Check a run conf field by field; a bad one raises SpecError naming the field."""
+    def from_conf(cls, conf: Any, source: str = "the run conf", owner: str | None = None) -> JobSpec:
+        """Check a run conf field by field; a bad one raises SpecError naming the field.
+
+        In a run conf, `secrets` lists the secrets' names and `owner` (the run id, or `<run id>-<n>` for a
+        pipeline's n-th job) gives their Variables; a spec handed on by the spec task maps each name to its
+        Variable already (`owner` None).
+        """
         if not isinstance(conf, Mapping):
             raise SpecError(f"{source}: must be a mapping with {', '.join(_CONF_FIELDS)}")
         unknown = sorted(set(conf) - set(_CONF_FIELDS))
@@ -72,18 +101,7 @@ class JobSpec:
         task = conf.get("task")
         if not isinstance(task, Mapping):
             raise SpecError(f"{source}: task: must be a task mapping (what `Task.to_dict()` gives)")
-        secrets = conf.get("secrets") or {}
-        if not isinstance(secrets, Mapping) or not all(
-            isinstance(k, str)
-            and _NAME.match(k)
-            and isinstance(v, str)
-            and v.startswith(SECRET_VARIABLE_PREFIX)
-            for k, v in secrets.items()
-        ):
-            raise SpecError(
-                f"{source}: secrets: must map each secret's name to its Airflow Variable "
-                f"({SECRET_VARIABLE_PREFIX}<run>__<NAME>); values never go into a conf"
-            )
+        secrets = _secret_keys(conf.get("secrets"), owner, source)
         infra = conf.get("infra") or "local"
         cluster_name = conf.get("cluster_name")
         down = conf.get("down", True)
@@ -93,9 +111,13 @@ class JobSpec:
             raise SpecError(f"{source}: cluster_name: must be a string or null")
         if not isinstance(down, bool):
             raise SpecError(f"{source}: down: must be true or false")
-        spec = cls(dict(task), dict(secrets), infra, cluster_name, down)
+        spec = cls(dict(task), secrets, infra, cluster_name, down)
         spec.load_task({name: "" for name in secrets})  # the task itself is valid
         return spec
+
+    def to_run_conf(self) -> dict[str, Any]:
+        """The run conf's form: the secrets' names only (their Variables follow from the run id)."""
+        return {**self.to_conf(), "secrets": sorted(self.secrets)}
 
     def load_task(self, secret_values: Mapping[str, str]) -> Task:
         """The Task, its secrets filled in from `secret_values` (name -> value)."""

@@ -9,7 +9,7 @@ from airflow.sdk import BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_sky.errors import SpecError
-from airflow_sky.operators.job_spec import SECRET_VARIABLE_PREFIX, JobSpec, job_confs
+from airflow_sky.operators.job_spec import JobSpec, job_confs, job_owner, secret_variable_key
 from airflow_sky.operators.provision import default_cluster_name
 from airflow_sky.operators.secrets import read_secrets
 
@@ -31,7 +31,8 @@ class SkyJobSpecOperator(BaseOperator):
         if self.index >= len(confs):
             raise AirflowSkipException(f"the run has {len(confs)} job(s); slot {self.index + 1} is not used")
         source = "the run conf" if len(confs) == 1 else f"the run conf: jobs[{self.index}]"
-        spec = JobSpec.from_conf(confs[self.index], source=source)
+        owner = job_owner(context["run_id"], self.index, len(confs))
+        spec = JobSpec.from_conf(confs[self.index], source=source, owner=owner)
         if len(confs) > 1 and spec.cluster_name is None:
             # A pipeline's jobs run one after the other, each on a cluster of its own (as in SkyPilot).
             name = default_cluster_name(self.dag_id, context["run_id"], f"job{self.index + 1}")
@@ -61,11 +62,11 @@ class SkyForgetSecretsOperator(BaseOperator):
         except SpecError:
             confs = []
         keys = [
-            key
-            for conf in confs
-            if isinstance(conf, dict) and isinstance(conf.get("secrets"), dict)
-            for key in conf["secrets"].values()
-            if isinstance(key, str) and key.startswith(SECRET_VARIABLE_PREFIX)
+            secret_variable_key(job_owner(context["run_id"], index, len(confs)), name)
+            for index, conf in enumerate(confs)
+            if isinstance(conf, dict) and isinstance(conf.get("secrets"), list)
+            for name in conf["secrets"]
+            if isinstance(name, str)
         ]
         for key in keys:
             Variable.delete(key)

@@ -65,13 +65,21 @@ def run_dag(airflow_home: dict[str, str]) -> Callable[[str, str], DagRunResult]:
         timeout: float = 600,
         env: dict[str, str] | None = None,
         conf: dict[str, object] | None = None,
+        logical_date: str | None = None,
     ) -> DagRunResult:
         for old in dags.glob("*.py"):
             old.unlink()
         (dags / f"{dag_id}.py").write_text(textwrap.dedent(source))
         started = time.monotonic()
         proc = subprocess.run(
-            [AIRFLOW, "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf is not None else [])],
+            [
+                AIRFLOW,
+                "dags",
+                "test",
+                dag_id,
+                *([logical_date] if logical_date else []),
+                *(["--conf", json.dumps(conf)] if conf is not None else []),
+            ],
             env={**airflow_home, **(env or {})},
             capture_output=True,
             text=True,

@@ -16,6 +16,27 @@ from airflow_sky.dags.managed import managed_jobs_dag
 dag = managed_jobs_dag()
 """
 SECRET = "s3cr3t-managed-token"
+# What `airflow-sky jobs launch` does before it triggers a run: the secret into the run's Variable (here from
+# a task of the run: `airflow dags test` names the run itself).
+PLANTED_SOURCE = (
+    SOURCE
+    + """
+import os
+
+from airflow.sdk import Variable, task
+
+from airflow_sky.operators.job_spec import secret_variable_key
+
+
+@task
+def plant(run_id=None):
+    Variable.set(secret_variable_key(run_id, "TOKEN"), os.environ["PLANT_SECRET"])
+
+
+with dag:
+    plant() >> dag.get_task("spec")
+"""
+)
 
 
 def _variables(airflow_home: dict[str, str]) -> str:
@@ -36,36 +57,41 @@ def test_the_managed_dag_runs_the_task_of_its_conf_with_secrets_from_variables_a
         run='echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES token=$TOKEN" > "$PROBE/ran-$SKYPILOT_NODE_RANK";'
         ' echo "{{ not jinja }} token=$TOKEN"',
     )
-    run_id = "managed-test-1"
-    key = secret_variable_key(run_id, "TOKEN")
-    subprocess.run(
-        [AIRFLOW, "variables", "set", key, SECRET], env=airflow_home, check=True, capture_output=True
-    )
     mapping = task.to_dict()
     mapping["secrets"] = {"TOKEN": None}
-    spec = JobSpec(task=mapping, secrets={"TOKEN": key}, cluster_name="managed-c")
-    result = run_dag("airflow_sky_jobs", SOURCE, conf=spec.to_conf())
+    conf = JobSpec(task=mapping, secrets={"TOKEN": ""}, cluster_name="managed-c").to_run_conf()
+    assert conf["secrets"] == ["TOKEN"]  # names only: the value never enters a conf
+    result = run_dag("airflow_sky_jobs", PLANTED_SOURCE, conf=conf, env={"PLANT_SECRET": SECRET})
     assert result.returncode == 0, result.digest
     for rank in range(2):
         assert (tmp_path / f"ran-{rank}").read_text() == f"rank {rank} of 2 token={SECRET}\n"
     assert "{{ not jinja }} token=***" in result.output  # the script is never rendered; the secret masked
     assert SECRET not in result.output
-    assert key not in _variables(airflow_home)  # forget_secrets deleted it
+    assert "airflow_sky_secret__" not in _variables(airflow_home)  # forget_secrets deleted it
     assert daemon.processes_with_marker("managed-c") == []
 
 
 def test_a_bad_conf_fails_the_spec_task_before_any_node_exists_and_its_secrets_are_forgotten(
     run_dag, airflow_home
 ):
-    key = secret_variable_key("managed-bad", "TOKEN")
-    subprocess.run(
-        [AIRFLOW, "variables", "set", key, SECRET], env=airflow_home, check=True, capture_output=True
-    )
-    conf = {"task": {"run": "true", "num_nodes": "two"}, "secrets": {"TOKEN": key}}
-    result = run_dag("airflow_sky_jobs", SOURCE, conf=conf)
+    conf = {"task": {"run": "true", "num_nodes": "two"}, "secrets": ["TOKEN"]}
+    result = run_dag("airflow_sky_jobs", PLANTED_SOURCE, conf=conf, env={"PLANT_SECRET": SECRET})
     assert result.returncode != 0
     assert "num_nodes" in result.output and "[DAG TEST] starting task_id=job.provision" not in result.output
-    assert key not in _variables(airflow_home)  # the teardown ran all the same
+    assert "airflow_sky_secret__" not in _variables(airflow_home)  # the teardown ran all the same
+
+
+def test_a_conf_cannot_name_the_variable_of_another_runs_secret(run_dag, airflow_home):
+    foreign = secret_variable_key("sky-job-of-someone-else", "TOKEN")
+    subprocess.run(
+        [AIRFLOW, "variables", "set", foreign, SECRET], env=airflow_home, check=True, capture_output=True
+    )
+    conf = {"task": Task(run="echo $TOKEN").to_dict(), "secrets": {"TOKEN": foreign}}
+    result = run_dag("airflow_sky_jobs", SOURCE, conf=conf)
+    assert result.returncode != 0
+    assert "secrets: must list the secrets' names" in result.output
+    assert SECRET not in result.output
+    assert foreign in _variables(airflow_home)  # forget_secrets left it alone
 
 
 PIPELINE_SOURCE = """
@@ -85,7 +111,7 @@ def _pipeline_conf(tmp_path, first_run: str) -> dict[str, object]:
     )
     return {
         "pipeline": "prep-train",
-        "jobs": [JobSpec(task=t.to_dict(), secrets={}).to_conf() for t in (first, second)],
+        "jobs": [JobSpec(task=t.to_dict(), secrets={}).to_run_conf() for t in (first, second)],
     }
 
 
