@@ -124,7 +124,9 @@ class ClusterJobs:
 
     # ---- cancel ----------------------------------------------------------------------------------------
 
-    def cancel(self, job_ids: list[int] | None = None, all_jobs: bool = False) -> list[int]:
+    def cancel(
+        self, job_ids: list[int] | None = None, all_jobs: bool = False, reason: str = "airflow-sky cancel"
+    ) -> list[int]:
         """Mark the jobs CANCELLED and kill their process groups on every node; returns the ids cancelled."""
         every = self.states.all()
         if all_jobs:
@@ -139,9 +141,7 @@ class ClusterJobs:
             targets = [s for s in every if not s.status.is_terminal][-1:]
         cancelled = []
         for target in targets:
-            state, changed = self.states.update(
-                target.job_id, lambda s: js.cancel(s, "airflow-sky cancel", time.time())
-            )
+            state, changed = self.states.update(target.job_id, lambda s: js.cancel(s, reason, time.time()))
             if not changed:
                 continue
             self._kill(state)

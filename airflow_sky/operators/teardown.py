@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_sky.gang.cluster_jobs import ClusterJobs
+from airflow_sky.gang.job import JobHandle
+from airflow_sky.gang.phases import job_states
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 
@@ -24,6 +27,7 @@ class SkyTeardownOperator(SkyBaseOperator):
         self.mask_secrets()  # (and a managed job's spec adopted: whether the cluster goes down)
         handle = self.handle()
         if not self.down:
+            self._cancel_an_unfollowed_job(handle)
             self.log.info(
                 "Keeping cluster %s (down=False); stop it with: airflow-sky down %s",
                 handle.cluster_name,
@@ -32,3 +36,14 @@ class SkyTeardownOperator(SkyBaseOperator):
             return
         self.log.info("Tearing down cluster %s (%d nodes)", handle.cluster_name, len(handle.nodes))
         self.hook(handle).terminate()
+
+    def _cancel_an_unfollowed_job(self, handle: JobHandle) -> None:
+        """On a kept cluster, a job that has not ended by now has nobody left to follow it (launch or a follow
+        task failed before the job's verdict): stop its ranks rather than leave them running for nobody."""
+        cluster = self.hook(handle).cluster
+        state = job_states(cluster).get(handle.job_id)
+        if state is None or state.status.is_terminal:
+            return
+        reason = "no task of its DAG run follows it any more (an upstream task failed)"
+        self.log.warning("Job %d is %s but %s: cancelling it", handle.job_id, state.status.value, reason)
+        ClusterJobs(cluster).cancel([handle.job_id], reason=reason)

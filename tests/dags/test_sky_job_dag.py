@@ -127,3 +127,30 @@ def test_a_teardown_that_cannot_terminate_fails_the_run_even_when_the_job_succee
     finally:
         LocalCloud().terminate("unterminable-c")
     _assert_nothing_left("unterminable-c")
+
+
+def test_a_run_that_failed_to_start_on_a_kept_cluster_is_cancelled_and_nothing_keeps_running(
+    run_dag, tmp_path
+):
+    from airflow_sky.gang.cluster_jobs import ClusterJobs
+    from airflow_sky.infra.local.cloud import LocalCloud
+    from airflow_sky.infra.registry import open_cluster
+
+    run = 'echo "$$" > "$PROBE_DIR/pid-$SKYPILOT_NODE_RANK"; sleep 3600'
+    source = _dag("unstartable", "unstartable-c", tmp_path, 2, "true", run)
+    source = source.replace("cluster_name='unstartable-c')", "cluster_name='unstartable-c', down=False)")
+    assert "down=False" in source
+    source = "from tests.dags import unstartable\nunstartable.install()\n" + source
+    try:
+        result = run_dag("unstartable", source, env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        assert result.returncode != 0
+        assert "starting the run on rank 1 failed" in result.output
+        assert "no task of its DAG run follows it any more" in result.output, result.digest
+        with ClusterJobs(open_cluster("unstartable-c", "local")) as jobs:
+            state = jobs.state()
+        assert state.status.value == "CANCELLED", state
+        # Rank 0 had started: its process is gone, killed by the teardown.
+        pid = int((tmp_path / "pid-0").read_text())
+        assert not Path(f"/proc/{pid}").exists() or "sleep" not in Path(f"/proc/{pid}/cmdline").read_text()
+    finally:
+        LocalCloud().terminate("unstartable-c")
