@@ -46,6 +46,8 @@ class JobHandle:
     num_run_nodes: int
     generation: int = 0
     sky_task_ids: tuple[str, ...] = ()  # in a pipeline: every task's SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS)
+    # A git workdir's commit, pinned once for the job: every node, and a recovery's replacement, checks it out.
+    git_commit: str | None = None
 
     @property
     def run_nodes(self) -> tuple[Node, ...]:
@@ -73,6 +75,8 @@ class JobHandle:
         }
         if self.sky_task_ids:
             data["sky_task_ids"] = list(self.sky_task_ids)
+        if self.git_commit is not None:
+            data["git_commit"] = self.git_commit
         if nodes:
             data["nodes"] = [n.to_dict() for n in self.nodes]
         return data
@@ -88,6 +92,7 @@ class JobHandle:
             num_run_nodes=int(data["num_run_nodes"]),
             generation=int(data.get("generation", 0)),
             sky_task_ids=tuple(data.get("sky_task_ids") or ()),
+            git_commit=data.get("git_commit"),
         )
 
 

@@ -22,8 +22,9 @@ from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
 from airflow_sky.node.client import FileTooLarge, NodeClient
+from airflow_sky.node.git_workdir import resolve_commit
 from airflow_sky.node.paths import JOBS_DIR
-from airflow_sky.task import Task, envs
+from airflow_sky.task import GitWorkdir, Task, envs
 from airflow_sky.task.redaction import redact_json
 
 # The largest return.json read into XCom: XComs are rows of the Airflow DB, not a file store.
@@ -101,7 +102,9 @@ def register_job(
 ) -> JobHandle:
     """Allocate the job's id in the cluster's job state (a retried provision gets the same id and TASK_ID).
 
-    A pipeline's task takes its SKYPILOT_TASK_ID from `pipeline_task_ids[pipeline_index]`.
+    A pipeline's task takes its SKYPILOT_TASK_ID from `pipeline_task_ids[pipeline_index]`. A git workdir's
+    ref is resolved to a commit here, once: the job state keeps it (a retried provision, every sync and a
+    recovery's replacement node clone that commit, even after the branch moved).
     """
     if len(nodes) < task.num_nodes:
         raise ClusterError(f"cluster {cluster.name} has {len(nodes)} nodes; the task needs {task.num_nodes}")
@@ -123,14 +126,23 @@ def register_job(
         if pipeline_task_ids
         else envs.make_task_id(cluster.name, state.job_id, submitted_at)
     )
+    git_commit: str | None = state.info.get("git_commit")
+    if git_commit is None and isinstance(task.workdir, GitWorkdir):
+        git_commit = resolve_commit(task.workdir, task.envs_and_secrets)
 
     def registered(current: js.JobState) -> js.JobState:
         if current.nodes:
-            raise js.Unchanged  # a retried provision: the job keeps its nodes and generation
+            raise js.Unchanged  # a retried provision: the job keeps its nodes, generation and commit
+        pinned = {"git_commit": git_commit} if git_commit is not None else {}
         return dataclasses.replace(
             current,
             status=JobStatus.PENDING,
-            info={**current.info, "sky_task_id": sky_task_id, "sky_task_ids": list(pipeline_task_ids)},
+            info={
+                **current.info,
+                "sky_task_id": sky_task_id,
+                "sky_task_ids": list(pipeline_task_ids),
+                **pinned,
+            },
             nodes=tuple(n.to_dict() for n in nodes),
         )
 
@@ -143,6 +155,7 @@ def register_job(
         nodes=tuple(Node.from_dict(n) for n in state.nodes),
         num_run_nodes=task.num_nodes,
         sky_task_ids=tuple(state.info.get("sky_task_ids") or pipeline_task_ids),
+        git_commit=state.info.get("git_commit") or git_commit,
     )
 
 

@@ -91,10 +91,11 @@ class SkyClusterHook(BaseHook):
         log: Callable[[str], None],
         aws_conn_id: str | None = None,
         gcp_conn_id: str | None = None,
+        git_commit: str | None = None,
     ) -> UploadResult:
         """The workdir and file_mounts (local paths and buckets) onto `node`."""
         with self.cluster.client(node) as client:
-            return upload_task_files(client, task, log, aws_conn_id, gcp_conn_id)
+            return upload_task_files(client, task, log, aws_conn_id, gcp_conn_id, git_commit=git_commit)
 
     def upload_artifacts(
         self,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from airflow_sky.errors import SpecError
 from airflow_sky.node.buckets import bucket_source, copy_bucket
 from airflow_sky.node.client import NodeClient
+from airflow_sky.node.git_workdir import checkout_task_workdir
 from airflow_sky.node.paths import WORKDIR, remote_path
 from airflow_sky.node.sync import sync_dir
 from airflow_sky.task import StorageMount, Task, is_bucket_uri
@@ -55,9 +56,12 @@ def upload_task_files(
     log: Callable[[str], None],
     aws_conn_id: str | None = None,
     gcp_conn_id: str | None = None,
+    *,
+    git_commit: str | None = None,
 ) -> UploadResult:
     """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing),
     then copy bucket file_mounts onto it through the providers' hooks."""
+    checkout_task_workdir(client, task, git_commit, log)  # a git workdir: cloned at the job's commit
     sent, method = 0, "none"
     for source, destination in local_uploads(task):
         started = time.monotonic()

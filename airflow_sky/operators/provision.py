@@ -12,6 +12,7 @@ from airflow_sky.gang.phases import check_exec_nodes, register_job
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
+from airflow_sky.task import GitWorkdir
 from airflow_sky.task.envs import pipeline_task_ids
 
 
@@ -106,6 +107,12 @@ class SkyProvisionOperator(SkyBaseOperator):
                 hook.terminate()
             raise
         self.log.info("Job %d on cluster %s (SKYPILOT_TASK_ID=%s)", handle.job_id, name, handle.sky_task_id)
+        workdir = self.sky_task.workdir
+        if isinstance(workdir, GitWorkdir) and handle.git_commit is not None:
+            # Pinned once for the job: every node (and a recovery's replacement) checks out this commit.
+            self.log.info(
+                "workdir: %s at %s -> commit %s", workdir.url, workdir.ref or "HEAD", handle.git_commit
+            )
         for node in handle.nodes:
             self.log.info(
                 "node rank %d: %s (%s, %s)", node.rank, node.internal_ip, node.instance_id, node.status.value

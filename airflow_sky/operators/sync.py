@@ -45,7 +45,14 @@ class SkySyncOperator(SkyBaseOperator):
         handle = self.handle()
         hook = self.hook(handle)
         node = handle.node(int(self.node["rank"]))
-        result = hook.sync_task_files(node, self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id)
+        result = hook.sync_task_files(
+            node,
+            self.sky_task,
+            self.log.info,
+            self.aws_conn_id,
+            self.gcp_conn_id,
+            git_commit=handle.git_commit,
+        )
         summary: dict[str, Any] = {
             "rank": node.rank,
             "files_sent": result.files_sent,

@@ -27,13 +27,20 @@ SENSITIVE_NAME_PARTS = (
 )
 
 
+# A git workdir's token for HTTPS URLs (SkyPilot's name). SkyPilot makes it a secret wherever it is given, so
+# it is one here by name, whatever the name parts above say.
+GIT_TOKEN = "GIT_TOKEN"
+ALWAYS_SENSITIVE_NAMES = frozenset({GIT_TOKEN})
+
+
 def is_sensitive_name(name: str) -> bool:
     lowered = name.lower()
-    return any(part in lowered for part in SENSITIVE_NAME_PARTS)
+    return name in ALWAYS_SENSITIVE_NAMES or any(part in lowered for part in SENSITIVE_NAME_PARTS)
 
 
 def sensitive_values(task: Task) -> dict[str, str]:
-    """What must never be shown of `task`: every secret, and every env whose name reads as a secret."""
+    """What must never be shown of `task`: every secret, and every env whose name reads as a secret
+    (GIT_TOKEN given in `envs` included)."""
     values = {k: v for k, v in task.envs.items() if v and is_sensitive_name(k)}
     values.update({k: v for k, v in task.secrets.items() if v})
     return values

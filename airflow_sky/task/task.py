@@ -303,6 +303,26 @@ class Task:
         self.secrets.update(_env_values(_validated_env_map(secrets, "secrets"), "secrets", SpecContext()))
         return self
 
+    def update_workdir(self, *, git_url: str | None = None, git_ref: str | None = None) -> Task:
+        """`--git-url`/`--git-ref` applied as `sky launch` does: a URL makes the workdir a git workdir (a git
+        workdir keeps its ref unless one is given too); a ref alone changes a git workdir's ref. Returns self.
+        """
+        if git_url is None and git_ref is None:
+            return self
+        current = self.workdir if isinstance(self.workdir, GitWorkdir) else None
+        if git_url is None and current is None:
+            has = "a local workdir" if self.workdir is not None else "no workdir"
+            raise SpecError(
+                f"--git-ref {git_ref}: the task has {has}, and a ref needs a git repository; "
+                "give --git-url URL too (or `workdir: {url: URL, ref: REF}` in the YAML)"
+            )
+        url = git_url if git_url is not None else current.url if current is not None else ""
+        if not url.strip():
+            raise SpecError("--git-url: must be a git URL (https://host/owner/repo or git@host:owner/repo)")
+        ref = git_ref if git_ref is not None else current.ref if current is not None else None
+        self.workdir = GitWorkdir(url=url, ref=ref or None)
+        return self
+
     # -- reading -------------------------------------------------------------------------------------------
 
     @property

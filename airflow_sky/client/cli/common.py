@@ -7,10 +7,12 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Mapping
 
 from airflow_sky.errors import SpecError
-from airflow_sky.task import SpecWarning, Task, parse_env_args
+from airflow_sky.task import GitWorkdir, SpecWarning, Task, parse_env_args
 from airflow_sky.task.overrides import read_env_file
+from airflow_sky.task.redaction import GIT_TOKEN
 
 _BARE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -93,3 +95,30 @@ def load_task(args: argparse.Namespace, *, allow_unset: bool = False) -> Task:
                 warning.line,
             )
     return task
+
+
+def git_credentials_from_environment(task: Task, environ: Mapping[str, str], *, key_path: bool) -> None:
+    """As `sky launch` does for a git workdir: GIT_TOKEN (HTTPS URLs) becomes a secret, whether the task
+    gives it as an env or this shell's environment has it; with `key_path`, GIT_SSH_KEY_PATH (SSH URLs)
+    from this shell's environment is passed on. The task's own values win."""
+    if not isinstance(task.workdir, GitWorkdir):
+        return
+    from airflow_sky.node.git_workdir import GIT_SSH_KEY_PATH, url_kind  # (the node layer loads SSH: lazily)
+
+    kind = url_kind(task.workdir.url)
+    if kind == "http":
+        token = task.secrets.get(GIT_TOKEN) or task.envs.pop(GIT_TOKEN, None) or environ.get(GIT_TOKEN)
+        if token:
+            task.update_secrets({GIT_TOKEN: token})
+    key = environ.get(GIT_SSH_KEY_PATH)
+    if kind == "ssh" and key_path and key and GIT_SSH_KEY_PATH not in task.envs_and_secrets:
+        task.update_envs({GIT_SSH_KEY_PATH: key})
+
+
+def check_git_workdir(task: Task) -> None:
+    """A git workdir whose repository or ref cannot be read fails here, before any node is provisioned
+    (the job itself pins its commit when it registers)."""
+    if isinstance(task.workdir, GitWorkdir):
+        from airflow_sky.node.git_workdir import resolve_commit
+
+        resolve_commit(task.workdir, task.envs_and_secrets)

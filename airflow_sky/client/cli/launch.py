@@ -15,7 +15,12 @@ from typing import Any, TextIO, cast
 from rich.console import Console
 from rich.table import Table
 
-from airflow_sky.client.cli.common import add_env_arguments, load_task
+from airflow_sky.client.cli.common import (
+    add_env_arguments,
+    check_git_workdir,
+    git_credentials_from_environment,
+    load_task,
+)
 from airflow_sky.client.engine import LaunchOptions
 from airflow_sky.errors import SpecError
 from airflow_sky.task import Task
@@ -125,11 +130,26 @@ def add_task_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zone", help="override the zone")
     parser.add_argument("--disk-size", type=int, help="override resources.disk_size (GiB)")
     parser.add_argument("--image-id", help="override resources.image_id")
+    parser.add_argument(
+        "--git-url",
+        metavar="URL",
+        help="git repository cloned into ~/sky_workdir on every node (sets the workdir to {url: URL}); "
+        "a private HTTPS repository takes its token from GIT_TOKEN (this shell's environment or --secret)",
+    )
+    parser.add_argument(
+        "--git-ref",
+        metavar="REF",
+        help="branch, tag or commit of the git workdir to check out (default: the remote's HEAD)",
+    )
     add_env_arguments(parser)
 
 
-def task_with_overrides(args: argparse.Namespace) -> Task:
+def task_with_overrides(args: argparse.Namespace, *, worker_is_here: bool = True) -> Task:
+    """The task of `args.file` with every override flag applied. `worker_is_here`: this process runs the
+    job's Airflow tasks (launch, exec), so a git SSH key path of this machine's environment applies."""
     task = load_task(args)
+    task.update_workdir(git_url=args.git_url, git_ref=args.git_ref)
+    git_credentials_from_environment(task, os.environ, key_path=worker_is_here)
     if args.num_nodes is not None:
         if args.num_nodes < 1:
             raise SpecError(f"--num-nodes: must be an integer >= 1, got {args.num_nodes}")
@@ -296,6 +316,7 @@ def _launch(args: argparse.Namespace) -> int:
 
         print_plan(task, infra, Console(highlight=False, soft_wrap=True))
         return 0
+    check_git_workdir(task)
     cluster = args.cluster or sanitize_cluster_name(f"sky-{secrets.token_hex(2)}-{getpass.getuser()}")
     if not args.yes and sys.stdin.isatty():
         answer = input(

@@ -66,7 +66,8 @@ def _launch(args: argparse.Namespace) -> int:
         job_id = managed_jobs.launch(pipeline, infra=args.infra, down=not args.keep)
         what = f"pipeline {pipeline.name}, {len(pipeline.tasks)} tasks in order"
     else:
-        task = task_with_overrides(args)
+        # The deployed Airflow's workers run it: a key path of this machine means nothing there.
+        task = task_with_overrides(args, worker_is_here=False)
         if args.name:
             task.name = args.name
         job_id = managed_jobs.launch(

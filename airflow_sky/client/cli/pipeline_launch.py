@@ -32,8 +32,10 @@ from airflow_sky.task.overrides import read_env_file
 from airflow_sky.task.pipeline import PARALLEL, Pipeline
 from airflow_sky.task.templating import render_results
 
-# Flags that change one task's resources: a pipeline's tasks each say their own.
+# Flags that change one task's resources or workdir: a pipeline's tasks each say their own.
 _RESOURCE_FLAGS = {
+    "git_url": "--git-url",
+    "git_ref": "--git-ref",
     "num_nodes": "--num-nodes",
     "gpus": "--gpus",
     "cpus": "--cpus",
