@@ -25,8 +25,8 @@ from airflow.sdk.definitions._internal.contextmanager import DagContext
 from airflow_sky.dags.results import register_sky_result
 from airflow_sky.errors import SpecError
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
+from airflow_sky.hooks.cluster import task_buckets
 from airflow_sky.infra.registry import check_connection
-from airflow_sky.node.files import bucket_mounts
 from airflow_sky.operators import (
     SkyCollectOperator,
     SkyFollowOperator,
@@ -124,11 +124,11 @@ def sky_job(
             task = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
         elif env_overrides:
             task = task.update_envs(env_overrides)
-        bucket_mounts(task)  # unsupported mounts fail when the DAG is parsed, not mid-run
         check_runnable(task)
         infra = infra or task.resources.infra or "local"
         if "{{" not in infra:
             check_connection(infra, conn_id)  # fails when the DAG is parsed, not mid-run
+            task_buckets(task, infra)  # so do unsupported bucket mounts
         group_id = group_id or _group_id(task)
     common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
     follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
@@ -148,6 +148,8 @@ def sky_job(
             must_exist=must_exist,
             retry_until_up=retry_until_up,
             pipeline=pipeline,
+            aws_conn_id=aws_conn_id,
+            gcp_conn_id=gcp_conn_id,
             execution_timeout=None if retry_until_up else STEP_TIMEOUTS["provision"],
             **common,
         )
@@ -168,8 +170,6 @@ def sky_job(
             SkySyncOperator,
             "sync",
             every_node,
-            aws_conn_id=aws_conn_id,
-            gcp_conn_id=gcp_conn_id,
             start_setup=setup,
         )
         launch = SkyLaunchOperator(

@@ -274,3 +274,30 @@ def read_result(client: NodeClient, handle: JobHandle, redact: Callable[[str], s
         raise JobFailed(
             f"rank {node.rank} ({node.internal_ip}): {path} is not valid JSON: {e}", rank=node.rank
         ) from e
+
+
+BUCKETS_INFO_KEY = (
+    "buckets"  # the job state's record of the task's bucket mounts (node.buckets.plan_from_record)
+)
+
+
+def record_buckets(cluster: Cluster, handle: JobHandle, record: dict[str, Any]) -> None:
+    """Keep the job's bucket record (mounts, connection ids, buckets created) in its job state: a relaunch
+    mounts the buckets on a replacement node from it, and teardown deletes what the job created. Buckets a
+    retried provision created before are kept in the record."""
+
+    def recorded(current: js.JobState) -> js.JobState:
+        before = current.info.get(BUCKETS_INFO_KEY) or {}
+        created = list(dict.fromkeys([*before.get("created", []), *record.get("created", [])]))
+        return dataclasses.replace(
+            current, info={**current.info, BUCKETS_INFO_KEY: {**record, "created": created}}
+        )
+
+    job_states(cluster).update(handle.job_id, recorded)
+
+
+def bucket_record(cluster: Cluster, handle: JobHandle) -> dict[str, Any] | None:
+    """The job's bucket record (see record_buckets), or None when its task has no bucket mounts."""
+    state = job_states(cluster).get(handle.job_id)
+    record = state.info.get(BUCKETS_INFO_KEY) if state is not None else None
+    return record if isinstance(record, dict) else None

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from airflow_sky.errors import ClusterError, JobFailed, RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus
-from airflow_sky.gang.phases import phase_env
+from airflow_sky.gang.phases import BUCKETS_INFO_KEY, phase_env
 from airflow_sky.gang.watcher import kill_ranks, parallel
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
+from airflow_sky.node.buckets import plan_from_record
 from airflow_sky.node.files import upload_task_files
 from airflow_sky.node.log_tail import LogTail
 from airflow_sky.task import Task
@@ -201,9 +202,12 @@ def _relaunch(
         handle, nodes=tuple(nodes[r] for r in sorted(nodes)), generation=claim.target
     )
     replaced = [nodes[r] for r in sorted(nodes) if nodes[r].instance_id != old[r].instance_id]
+    # A replacement node mounts the job's buckets again (a checkpoint bucket is where the job resumes from).
+    buckets = plan_from_record(state.info.get(BUCKETS_INFO_KEY)) if replaced else None
     for node in replaced:
         with cluster.client(node) as client:
-            upload_task_files(client, task, log)
+            commit = state.info.get("git_commit") or handle.git_commit  # the job's one commit
+            upload_task_files(client, task, log, buckets, git_commit=commit)
         if task.setup:
             _run_setup(cluster, task, new_handle, node, log)
 

@@ -7,17 +7,29 @@ artifacts) over SSH, and hands the Cluster to the gang core for everything a job
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, conf
 
+from airflow_sky.errors import SkyError
+from airflow_sky.gang.job import JobHandle
+from airflow_sky.gang.phases import bucket_record, record_buckets
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.registry import open_cluster
-from airflow_sky.node import artifacts
+from airflow_sky.node import artifacts, buckets
 from airflow_sky.node.files import UploadResult, upload_task_files
 from airflow_sky.task import Task
+from airflow_sky.task.storage import BucketMount, bucket_mounts, default_store
+
+
+def task_buckets(task: Task, infra: str | None) -> list[BucketMount]:
+    """The task's bucket mounts on `infra` (a bucket named without `store` takes the infra's store, else
+    `[sky] default_store`); raises SpecError naming the field."""
+    configured = conf.get("sky", "default_store", fallback=None)
+    return bucket_mounts(task, default_store(infra or task.resources.infra, configured))
 
 
 class SkyClusterHook(BaseHook):
@@ -89,13 +101,61 @@ class SkyClusterHook(BaseHook):
         node: Node,
         task: Task,
         log: Callable[[str], None],
-        aws_conn_id: str | None = None,
-        gcp_conn_id: str | None = None,
+        bucket_plan: buckets.BucketPlan | None = None,
         git_commit: str | None = None,
     ) -> UploadResult:
-        """The workdir and file_mounts (local paths and buckets) onto `node`."""
+        """The workdir and local file_mounts onto `node`; then the node copies or mounts its buckets."""
         with self.cluster.client(node) as client:
-            return upload_task_files(client, task, log, aws_conn_id, gcp_conn_id, git_commit=git_commit)
+            return upload_task_files(client, task, log, bucket_plan, git_commit=git_commit)
+
+    # ---- buckets ---------------------------------------------------------------------------------------
+
+    def prepare_buckets(
+        self,
+        task: Task,
+        log: Callable[[str], None],
+        aws_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Create the task's named buckets that are absent (uploading a local `source` into them) before any
+        node exists; returns the record to keep with the job (record_job_buckets), None without buckets."""
+        mounts = task_buckets(task, self.infra)
+        if not mounts:
+            return None
+        created = buckets.prepare_buckets(mounts, log, aws_conn_id, gcp_conn_id)
+        identity = self.cluster.node_bucket_identity()
+        return buckets.bucket_record(mounts, aws_conn_id, gcp_conn_id, identity, created)
+
+    def record_job_buckets(self, handle: JobHandle, record: dict[str, Any]) -> None:
+        record_buckets(self.cluster, handle, record)
+
+    def bucket_plan(self, handle: JobHandle) -> buckets.BucketPlan | None:
+        """What a node needs to attach the job's buckets (credentials included: never log it)."""
+        return buckets.plan_from_record(bucket_record(self.cluster, handle))
+
+    def release_buckets(self, handle: JobHandle, log: Callable[[str], None]) -> None:
+        """Unmount the job's buckets on every node (after their uploads), remove the nodes' bucket
+        credentials, and delete the buckets this job created for `persistent: false` mounts."""
+        record = bucket_record(self.cluster, handle)
+        if not record or not record.get("mounts"):
+            return
+        nodes = [n for n in self.cluster.nodes() if n.status.value == "RUNNING"]
+
+        def detach(node: Node) -> None:
+            with self.cluster.client(node, conn_retry_attempts=1) as client:
+                buckets.detach_buckets(client, log)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(nodes)))) as pool:
+            for node, future in zip(nodes, [pool.submit(detach, n) for n in nodes], strict=True):
+                try:
+                    future.result()
+                except (SkyError, OSError) as e:
+                    log(f"could not unmount the buckets of rank {node.rank}: {e}")
+        mounts = [BucketMount.from_dict(m) for m in record["mounts"]]
+        transient = {m.bucket_uri for m in mounts if not m.persistent}
+        doomed = [uri for uri in record.get("created", []) if uri in transient]
+        if doomed:
+            buckets.delete_buckets(doomed, log, record.get("aws_conn_id"), record.get("gcp_conn_id"))
 
     def upload_artifacts(
         self,

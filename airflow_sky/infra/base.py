@@ -80,6 +80,10 @@ class Cloud(abc.ABC):
     def prepare_autostop(self, cluster_name: str, down: bool) -> None:  # noqa: B027 - optional hook
         """Make the infra's side of autostop ready (e.g. what a shutdown does to an instance)."""
 
+    def node_bucket_identity(self) -> frozenset[str]:
+        """The bucket stores the nodes reach with their own identity (none unless the infra attaches one)."""
+        return frozenset()
+
     def check_config(self) -> None:  # noqa: B027 - optional hook: most infras have nothing to check
         """Refuse a bad local configuration (a pool file, a credential) before anything connects."""
 

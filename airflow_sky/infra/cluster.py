@@ -92,6 +92,11 @@ class Cluster:
     def info(self) -> ClusterInfo:
         return self.cloud.cluster_info(self.name)
 
+    def node_bucket_identity(self) -> frozenset[str]:
+        """The bucket stores (s3, gcs) the nodes reach with an identity of their own (instance profile,
+        service account): no credential is sent to them for those."""
+        return self.cloud.node_bucket_identity()
+
     # ---- autostop ----------------------------------------------------------------------------------
 
     def autostop_for(self, resources: Resources | None) -> NodeAutostop | None:

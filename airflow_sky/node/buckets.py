@@ -1,93 +1,284 @@
-"""Bucket file_mounts (`s3://`, `gs://`): objects copied onto a node, read through Airflow's ObjectStoragePath.
+"""Bucket file_mounts on the nodes: each node copies or mounts its buckets itself (rclone); no object passes
+through the Airflow worker.
 
-SkyPilot mounts buckets on the nodes; airflow-sky copies them (MOUNT is accepted and copied, as documented)
-before setup runs: the worker lists the objects and streams each one to the node over SFTP.
+The worker only does what needs the bucket's owner: it creates named buckets that are absent, uploads a
+local `source` into a bucket it creates, deletes a non-persistent bucket it created (`prepare_buckets`,
+`delete_buckets`), and turns the Airflow connection into the remotes a node's rclone uses
+(`bucket_remotes`). Those remotes carry credentials only where the node has no identity of its own (an
+instance profile on aws, a service account on gcp): then they travel in the SSH channel's stdin into a
+0600 file on the node, which teardown removes (`detach_buckets`).
 """
 
 from __future__ import annotations
 
-import functools
-import posixpath
+import dataclasses
+import importlib
+import io
+import json
 import shlex
-import shutil
-from collections.abc import Callable, Iterator
-from typing import IO, Any
+import tarfile
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
-from airflow_sky.errors import SkyError, SpecError
+from airflow_sky.errors import RemoteError, SkyError
+from airflow_sky.node import rclone
 from airflow_sky.node.client import NodeClient
-from airflow_sky.node.paths import remote_path
 from airflow_sky.node.storage import storage_path
-from airflow_sky.task import StorageMount
+from airflow_sky.task.storage import BucketMount
 
-_CHUNK = 1024 * 1024
+ATTACH_TIMEOUT_S = (
+    24 * 3600
+)  # a COPY of a large bucket takes as long as it takes; the sync task's deadline rules
 
 
-def bucket_source(source: str | StorageMount, destination: str = "") -> str:
-    """The bucket URI of a file_mounts source (a URI, or a storage mapping with `source` or `store`+`name`)."""
-    uri = source if isinstance(source, str) else source.source
-    if isinstance(uri, str):
-        if urlparse(uri).scheme not in ("s3", "gs"):
-            raise SpecError(
-                f"file_mounts.{destination}: {uri!r}: only s3:// and gs:// buckets are supported (or a local path)"
-            )
-        return uri
-    if isinstance(source, StorageMount) and source.name and source.store:
-        scheme = {"s3": "s3", "gcs": "gs"}.get(source.store.lower())
-        if scheme:
-            return f"{scheme}://{source.name}"
-    shown = source.to_dict() if isinstance(source, StorageMount) else source
-    raise SpecError(
-        f"file_mounts.{destination}: storage {shown} is not supported: use source: s3://..., gs://... or a path"
+@dataclasses.dataclass(frozen=True)
+class BucketPlan:
+    """What a node needs to attach a task's buckets. `remotes` may hold credentials: never log or XCom it."""
+
+    mounts: tuple[BucketMount, ...]
+    remotes: Mapping[str, Mapping[str, str]]
+    plain_http: bool = False  # an endpoint without TLS (an emulator, a private S3-compatible store)
+
+    def __repr__(self) -> str:  # the remotes hold secrets: a repr in a traceback must not show them
+        return f"BucketPlan(mounts={[m.uri for m in self.mounts]}, remotes=<redacted>)"
+
+
+def bucket_remotes(
+    mounts: Sequence[BucketMount],
+    aws_conn_id: str | None = None,
+    gcp_conn_id: str | None = None,
+    node_identity: Collection[str] = (),
+) -> BucketPlan:
+    """The rclone remotes the mounts' stores need, from the Airflow connections (or the node's identity).
+
+    node_identity: the stores the nodes reach with credentials of their own (the infra attached an
+    instance profile or a service account): their remotes use that (`env_auth`) and carry no secret.
+    """
+    remotes: dict[str, dict[str, str]] = {}
+    plain_http = False
+    for store in sorted({m.store for m in mounts}):
+        if store == "s3":
+            options = _s3_remote(aws_conn_id or "aws_default", "s3" in node_identity)
+        else:
+            options = _gcs_remote(gcp_conn_id or "google_cloud_default", "gcs" in node_identity)
+        plain_http |= options.get("endpoint", "").startswith("http://")
+        remotes[rclone.remote_name(store)] = options
+    return BucketPlan(tuple(mounts), remotes, plain_http)
+
+
+def _provider_hook(module: str, name: str, store: str, extra: str) -> Any:
+    """A provider's hook class, or a SkyError with the install hint (providers are optional extras)."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise SkyError(f"{store} file_mounts need {name}: pip install 'airflow-sky[{extra}]' ({e})") from e
+
+
+def _s3_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
+    aws_hook = _provider_hook("airflow.providers.amazon.aws.hooks.base_aws", "AwsBaseHook", "s3", "aws")
+    hook = aws_hook(aws_conn_id=conn_id, client_type="s3")
+    config = hook.conn_config
+    endpoint = config.get_service_endpoint_url("s3") if hasattr(config, "get_service_endpoint_url") else None
+    endpoint = endpoint or config.endpoint_url
+    options = {"type": "s3", "provider": "Other" if endpoint else "AWS"}
+    region = hook.conn_region_name
+    if region:
+        options["region"] = region
+    if endpoint:
+        options["endpoint"] = endpoint
+        options["force_path_style"] = "true"
+    if node_identity:
+        options["env_auth"] = "true"
+        return options
+    # The connection's credentials as the provider resolves them: keys, a role it assumes (short-lived,
+    # with a session token), or the worker's own chain.
+    credentials = hook.get_credentials()
+    options.update(access_key_id=credentials.access_key, secret_access_key=credentials.secret_key)
+    if credentials.token:
+        options["session_token"] = credentials.token
+    return options
+
+
+def _gcs_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
+    google_hook = _provider_hook(
+        "airflow.providers.google.common.hooks.base_google", "GoogleBaseHook", "gcs", "gcp"
     )
+    options = {"type": "google cloud storage", "bucket_policy_only": "true"}
+    if node_identity:
+        options["env_auth"] = "true"
+        return options
+    hook = google_hook(gcp_conn_id=conn_id)
+    keyfile = hook._get_field("keyfile_dict") or None
+    key_path = hook._get_field("key_path") or None
+    if keyfile:
+        options["service_account_credentials"] = json.dumps(
+            json.loads(keyfile) if isinstance(keyfile, str) else keyfile
+        )
+    elif key_path:
+        with open(key_path) as f:
+            options["service_account_credentials"] = json.dumps(json.load(f))
+    else:
+        # No key in the connection (application default credentials): a short-lived access token.
+        credentials, _ = hook.get_credentials_and_project_id()
+        from google.auth.transport.requests import Request
+
+        credentials.refresh(Request())
+        expiry = credentials.expiry.isoformat() + "Z" if credentials.expiry else ""
+        options["token"] = json.dumps({"access_token": credentials.token, "expiry": expiry})
+    return options
 
 
-def _objects(
-    uri: str, aws_conn_id: str | None, gcp_conn_id: str | None
-) -> Iterator[tuple[str, Callable[[], IO[bytes]]]]:
-    """(path relative to the URI, opener of a streaming body) for every object under the URI."""
-    base = storage_path(uri, aws_conn_id, gcp_conn_id, field="file_mounts")
-    prefix = base.path.rstrip("/")
-    for key in sorted(base.fs.find(base.path)):
-        if key.endswith("/"):
-            continue  # a "folder" marker object
-        relative = key[len(prefix) :].lstrip(
-            "/"
-        )  # "" when the URI names one object: it lands at the destination
-        yield relative, functools.partial(_open, base / relative if relative else base)
+def _config_tar(plan: BucketPlan) -> bytes:
+    data = rclone.config_text(plan.remotes).encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("rclone.conf")
+        info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
-def _open(path: Any) -> IO[bytes]:
-    stream: IO[bytes] = path.open("rb")
-    return stream
+def attach_buckets(client: NodeClient, plan: BucketPlan, log: Callable[[str], None]) -> int:
+    """Copy (COPY) or mount (MOUNT, MOUNT_CACHED) every bucket of `plan` on the node; returns files copied."""
+    if not plan.mounts:
+        return 0
+    rank = client.node.rank
+    started = time.monotonic()
+    script = rclone.attach_script(plan.mounts, rank, plan.plain_http)
+    rc, out, err = client.exec(
+        f"bash -c {shlex.quote(script)}", stdin=_config_tar(plan), timeout=ATTACH_TIMEOUT_S
+    )
+    if rc != 0:
+        raise RemoteError(
+            f"file_mounts on rank {rank}: {err.decode(errors='replace').strip() or out.decode()}"
+        )
+    by_destination = {m.destination: m for m in plan.mounts}
+    copied = 0
+    for line in out.decode(errors="replace").splitlines():
+        words = line.split()
+        if len(words) == 4 and words[0] == "copied" and words[1] in by_destination:
+            mount, files, size = by_destination[words[1]], int(words[2]), int(words[3])
+            copied += files
+            log(
+                f"copied {mount.uri} -> {mount.destination} on rank {rank} "
+                f"({files} files, {size / 1e6:.1f} MB, node-side rclone, {time.monotonic() - started:.1f}s)"
+            )
+        elif len(words) == 3 and words[0] == "mounted" and words[1] in by_destination:
+            mount = by_destination[words[1]]
+            log(
+                f"mounted {mount.uri} on {mount.destination} on rank {rank} ({mount.mode}, rclone pid {words[2]})"
+            )
+    return copied
 
 
-def copy_bucket(
-    client: NodeClient,
-    uri: str,
-    destination: str,
+def detach_buckets(client: NodeClient, log: Callable[[str], None], flush_timeout_s: int = 300) -> int:
+    """Flush (bounded) and unmount the node's bucket mounts and remove their credentials; returns how many."""
+    rc, out, err = client.exec(rclone.detach_script(flush_timeout_s), timeout=flush_timeout_s + 120)
+    words = out.decode(errors="replace").split()
+    if rc != 0 or len(words) < 2 or words[-2] != "detached":
+        raise RemoteError(
+            f"unmounting buckets on rank {client.node.rank}: {err.decode(errors='replace').strip()}"
+        )
+    count = int(words[-1])
+    if count:
+        log(f"unmounted {count} bucket mount(s) on rank {client.node.rank}; their credentials are removed")
+    return count
+
+
+# ---- the worker's part: buckets' lifecycle ------------------------------------------------------------
+
+
+def prepare_buckets(
+    mounts: Sequence[BucketMount],
     log: Callable[[str], None],
     aws_conn_id: str | None = None,
     gcp_conn_id: str | None = None,
-) -> int:
-    """Copy every object under `uri` to `destination` on the node (streamed); returns the object count."""
-    base = remote_path(destination)
-    copied = 0
-    made: set[str] = set()
-    for relative, open_body in _objects(uri, aws_conn_id, gcp_conn_id):
-        target = posixpath.join(base, relative) if relative else base
-        parent = posixpath.dirname(target)
-        if parent and parent not in made:
-            client.exec(f"mkdir -p {shlex.quote(parent)}", timeout=60)
-            made.add(parent)
-        body = open_body()
-        try:
-            with client.open_remote(target, "wb") as out:
-                shutil.copyfileobj(body, out, _CHUNK)
-        finally:
-            body.close()
-        copied += 1
-    if copied == 0:
-        raise SkyError(f"file_mounts: {uri} holds no objects (nothing to copy to {destination})")
-    log(f"copied {copied} objects from {uri} -> {destination} on rank {client.node.rank}")
-    return copied
+) -> list[str]:
+    """Create named buckets that are absent and upload their local `source`; return the URIs created.
+
+    A bucket given by URI must exist (SkyPilot's rule: airflow-sky never creates a bucket it was only
+    pointed at). Empty buckets are fine.
+    """
+    created: list[str] = []
+    for mount in mounts:
+        path = storage_path(
+            mount.bucket_uri, aws_conn_id, gcp_conn_id, field=f"file_mounts.{mount.destination}"
+        )
+        fs, bucket = path.fs, mount.bucket
+        exists = _bucket_exists(fs, bucket, mount)
+        if not exists:
+            if not mount.create:
+                raise SkyError(
+                    f"file_mounts.{mount.destination}: bucket {mount.bucket_uri} does not exist; create it, or "
+                    f"name it (`name: {bucket}`) so that airflow-sky creates it"
+                )
+            fs.mkdir(bucket)
+            created.append(mount.bucket_uri)
+            log(f"created bucket {mount.bucket_uri} for file_mounts.{mount.destination}")
+        if mount.upload:
+            started = time.monotonic()
+            fs.put(mount.upload.rstrip("/") + "/", f"{bucket}/", recursive=True)
+            log(
+                f"uploaded {mount.upload} to {mount.bucket_uri} ({time.monotonic() - started:.1f}s) "
+                f"for file_mounts.{mount.destination}"
+            )
+    return created
+
+
+def _bucket_exists(fs: Any, bucket: str, mount: BucketMount) -> bool:
+    try:
+        fs.invalidate_cache()
+        return bool(fs.exists(bucket))
+    except PermissionError as e:
+        raise SkyError(
+            f"file_mounts.{mount.destination}: no access to bucket {mount.bucket_uri} with the connection ({e})"
+        ) from e
+
+
+def delete_buckets(
+    uris: Sequence[str],
+    log: Callable[[str], None],
+    aws_conn_id: str | None = None,
+    gcp_conn_id: str | None = None,
+) -> None:
+    """Delete buckets airflow-sky created for `persistent: false` mounts, objects first."""
+    for uri in uris:
+        path = storage_path(uri, aws_conn_id, gcp_conn_id, field="file_mounts")
+        bucket = urlparse(uri).netloc
+        fs = path.fs
+        fs.invalidate_cache()
+        if fs.exists(bucket) and fs.find(bucket):
+            fs.rm(f"{bucket}/", recursive=True)  # (s3fs removes the emptied bucket too)
+        fs.invalidate_cache()
+        if fs.exists(bucket):
+            fs.rmdir(bucket)
+        log(f"deleted bucket {uri} (persistent: false)")
+
+
+def bucket_record(
+    mounts: Sequence[BucketMount],
+    aws_conn_id: str | None,
+    gcp_conn_id: str | None,
+    node_identity: Collection[str],
+    created: Sequence[str] = (),
+) -> dict[str, Any]:
+    """What the job state keeps of a task's buckets (no credential: they are derived again when needed)."""
+    return {
+        "mounts": [m.to_dict() for m in mounts],
+        "aws_conn_id": aws_conn_id,
+        "gcp_conn_id": gcp_conn_id,
+        "node_identity": sorted(node_identity),
+        "created": list(created),
+    }
+
+
+def plan_from_record(record: Mapping[str, Any] | None) -> BucketPlan | None:
+    """The BucketPlan of a job's bucket record (fresh credentials from its connections), or None."""
+    if not record or not record.get("mounts"):
+        return None
+    mounts = [BucketMount.from_dict(m) for m in record["mounts"]]
+    return bucket_remotes(
+        mounts, record.get("aws_conn_id"), record.get("gcp_conn_id"), record.get("node_identity") or ()
+    )

@@ -1,4 +1,5 @@
-"""Getting a task's files onto a node: the workdir (to ~/sky_workdir) and local file_mounts."""
+"""Getting a task's files onto a node: the workdir (to ~/sky_workdir), local file_mounts, and its buckets
+(copied or mounted by the node itself, node.buckets)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from airflow_sky.errors import SpecError
-from airflow_sky.node.buckets import bucket_source, copy_bucket
+from airflow_sky.node.buckets import BucketPlan, attach_buckets
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.git_workdir import checkout_task_workdir
 from airflow_sky.node.paths import WORKDIR, remote_path
@@ -37,30 +38,24 @@ def local_uploads(task: Task) -> list[tuple[str, str]]:
 
 
 def _local_source(src: str | StorageMount) -> str | None:
-    """The local path of a mount (a plain path, or a storage mapping whose source is one), else None."""
+    """The local path of a mount that is synced (a plain path, or a storage mapping with a local `source`
+    and no bucket `name`), else None: a named bucket's local source is uploaded to the bucket instead."""
     if isinstance(src, StorageMount):
-        return src.source if isinstance(src.source, str) and not is_bucket_uri(src.source) else None
+        local = isinstance(src.source, str) and not is_bucket_uri(src.source) and not src.name
+        return src.source if local and isinstance(src.source, str) else None
     return None if is_bucket_uri(src) else src
-
-
-def bucket_mounts(task: Task) -> list[tuple[str, str]]:
-    """(bucket URI, remote destination) pairs of the bucket file_mounts (validated when the DAG is built)."""
-    return [
-        (bucket_source(src, dst), dst) for dst, src in task.file_mounts.items() if _local_source(src) is None
-    ]
 
 
 def upload_task_files(
     client: NodeClient,
     task: Task,
     log: Callable[[str], None],
-    aws_conn_id: str | None = None,
-    gcp_conn_id: str | None = None,
+    buckets: BucketPlan | None = None,
     *,
     git_commit: str | None = None,
 ) -> UploadResult:
     """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing),
-    then copy bucket file_mounts onto it through the providers' hooks."""
+    then let the node copy or mount its buckets (`buckets`, from node.buckets.bucket_remotes)."""
     checkout_task_workdir(client, task, git_commit, log)  # a git workdir: cloned at the job's commit
     sent, method = 0, "none"
     for source, destination in local_uploads(task):
@@ -79,8 +74,8 @@ def upload_task_files(
             f"synced {source} -> {destination} on rank {client.node.rank} "
             f"({method}, {sent} files sent, {time.monotonic() - started:.1f}s)"
         )
-    for uri, destination in bucket_mounts(task):
-        sent += copy_bucket(client, uri, destination, log, aws_conn_id, gcp_conn_id)
+    if buckets is not None and buckets.mounts:
+        attach_buckets(client, buckets, log)
     return UploadResult(sent, method)
 
 

@@ -11,7 +11,7 @@ import shlex
 import signal
 
 from airflow_sky.node.autostop import TOUCH_ACTIVITY
-from airflow_sky.node.paths import JOBS_DIR, WORKDIR
+from airflow_sky.node.paths import JOBS_DIR, MOUNTS_DIR, WORKDIR
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -42,6 +42,10 @@ def launch_script() -> str:
     `$$` is the process group id: setsid made this shell a session leader, and cancellation signals the
     whole group (torchrun and its workers included). The TERM/INT/HUP handler keeps the wrapper alive long
     enough to record the script's exit code; a handler (unlike an ignore) is reset for the children.
+
+    With bucket mounts on the node, the exit code is recorded only once their uploads are done (SkyPilot
+    marks a job done after MOUNT_CACHED's cache is uploaded): a flush that fails fails a script that
+    succeeded, and its message in the log names the mount.
     """
     return f"""\
 d=$(cd "$(dirname "$0")" && pwd)
@@ -56,6 +60,9 @@ mkdir -p "$HOME/{WORKDIR}" "$AIRFLOW_SKY_XCOM_DIR"
 cd "$HOME/{WORKDIR}"
 bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null
 ec=$?
+if [ -x "$HOME/{MOUNTS_DIR}/flush" ]; then
+  "$HOME/{MOUNTS_DIR}/flush" >> "$d/log" 2>&1 < /dev/null || {{ [ "$ec" -ne 0 ] || ec=1; }}
+fi
 echo "$ec" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
 """
 

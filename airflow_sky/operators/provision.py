@@ -57,9 +57,13 @@ class SkyProvisionOperator(SkyBaseOperator):
         must_exist: bool = False,
         retry_until_up: bool = False,
         pipeline: PipelineSlot | None = None,
+        aws_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
+        self.gcp_conn_id = gcp_conn_id
         self.pipeline = pipeline
         self.must_exist = must_exist
         self.retry_until_up = retry_until_up
@@ -89,6 +93,8 @@ class SkyProvisionOperator(SkyBaseOperator):
             self.infra,
             self.sky_task.num_nodes,
         )
+        # Buckets first: a bucket the connection cannot reach fails the job before any node costs money.
+        buckets = hook.prepare_buckets(self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id)
         try:
             hook.provision(self.sky_task, retry_until_up=self.retry_until_up)
             nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
@@ -101,6 +107,8 @@ class SkyProvisionOperator(SkyBaseOperator):
                 pipeline_task_ids=self._pipeline_task_ids(context),
                 pipeline_index=self.pipeline.index if self.pipeline else 0,
             )
+            if buckets is not None:
+                hook.record_job_buckets(handle, buckets)
         except BaseException:
             if not existed:  # half a cluster runs no job: nothing of this run's may be left behind
                 self.log.warning("Provisioning failed; removing what was created for cluster %s", name)

@@ -11,8 +11,9 @@ from airflow_sky.operators.links import SkyNodeConsoleLink
 
 
 class SkySyncOperator(SkyBaseOperator):
-    """Uploads the workdir and file_mounts to `node` (rsync over SSH, SFTP where rsync is missing; buckets
-    through S3Hook/GCSHook with `aws_conn_id`/`gcp_conn_id`), then starts the task's setup on it, detached.
+    """Uploads the workdir and local file_mounts to `node` (rsync over SSH, SFTP where rsync is missing) and
+    has the node copy or mount its buckets (rclone on the node, credentials from the connections the
+    provision task recorded), then starts the task's setup on it, detached.
 
     A node's setup needs only that node's files, so no barrier is lost by starting it here; the setup follow
     tasks stream and judge it. Returns {"rank", "files_sent", "method"} (and "setup_pid" when setup started).
@@ -29,15 +30,11 @@ class SkySyncOperator(SkyBaseOperator):
         self,
         *,
         node: dict[str, Any] | Any = None,
-        aws_conn_id: str | None = None,
-        gcp_conn_id: str | None = None,
         start_setup: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.node = node
-        self.aws_conn_id = aws_conn_id
-        self.gcp_conn_id = gcp_conn_id
         self.start_setup = start_setup
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -46,12 +43,7 @@ class SkySyncOperator(SkyBaseOperator):
         hook = self.hook(handle)
         node = handle.node(int(self.node["rank"]))
         result = hook.sync_task_files(
-            node,
-            self.sky_task,
-            self.log.info,
-            self.aws_conn_id,
-            self.gcp_conn_id,
-            git_commit=handle.git_commit,
+            node, self.sky_task, self.log.info, hook.bucket_plan(handle), git_commit=handle.git_commit
         )
         summary: dict[str, Any] = {
             "rank": node.rank,

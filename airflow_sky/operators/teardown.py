@@ -26,6 +26,9 @@ class SkyTeardownOperator(SkyBaseOperator):
     def execute(self, context: Any) -> None:
         self.mask_secrets()  # (and a managed job's spec adopted: whether the cluster goes down)
         handle = self.handle()
+        # Before the nodes go (or stay): their mounts' uploads finish, the mounts and credentials go, and
+        # the buckets this job created for `persistent: false` mounts are deleted.
+        self.hook(handle).release_buckets(handle, self.log.info)
         if not self.down:
             self._cancel_an_unfollowed_job(handle)
             self.log.info(

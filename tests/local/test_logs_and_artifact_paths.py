@@ -44,20 +44,27 @@ def test_artifact_destinations():
         destination_uri("/data", "~/", None)
 
 
-def test_mounts_split_into_local_uploads_and_bucket_copies():
+def test_mounts_split_into_local_uploads_and_bucket_mounts():
     from airflow_sky import Task
-    from airflow_sky.node.files import bucket_mounts, local_uploads
+    from airflow_sky.node.files import local_uploads
+    from airflow_sky.task.storage import bucket_mounts
 
     task = Task(
         run="x",
         file_mounts={
             "~/a": "/srv/data",
-            "~/b": "s3://b/p",
+            "~/b": "s3://bkt/p",
             "~/c": {"source": "/srv/cfg", "mode": "COPY"},
-            "~/d": {"name": "bk", "store": "gcs"},
+            "~/d": {"name": "bk1", "store": "gcs"},
+            "~/e": {"name": "bk2", "source": "/srv/up", "store": "s3"},
         },
     )
+    # A named bucket's local source is uploaded into the bucket, not synced.
     assert local_uploads(task) == [("/srv/data", "~/a"), ("/srv/cfg", "~/c")]
-    assert bucket_mounts(task) == [("s3://b/p", "~/b"), ("gs://bk", "~/d")]
+    assert [(m.uri, m.destination, m.mode) for m in bucket_mounts(task)] == [
+        ("s3://bkt/p", "~/b", "COPY"),
+        ("gs://bk1", "~/d", "MOUNT"),
+        ("s3://bk2", "~/e", "MOUNT"),
+    ]
     with pytest.raises(SpecError, match=r"file_mounts\.~/e: 'r2://x/y': only s3:// and gs://"):
         bucket_mounts(Task(run="x", file_mounts={"~/e": "r2://x/y"}))
