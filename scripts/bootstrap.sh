@@ -18,6 +18,10 @@ command -v ps >/dev/null || need_apt+=(procps)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v mount >/dev/null || need_apt+=(mount)
 command -v useradd >/dev/null || need_apt+=(passwd)
+# Bucket file_mounts on local and ssh nodes: rclone copies and mounts them, FUSE (fusermount3) mounts.
+command -v rclone >/dev/null || need_apt+=(rclone)
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v pkill >/dev/null || need_apt+=(procps)
 if [ "${1:-}" = "--tests" ]; then
   # The deployment tests: PostgreSQL and Redis for a CeleryExecutor stack, Chromium for the UI screenshots.
   compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || need_apt+=(postgresql)

@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook, conf
 
-from airflow_sky.errors import SkyError
+from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.gang.phases import bucket_record, record_buckets
 from airflow_sky.infra.base import Node
@@ -29,7 +29,27 @@ def task_buckets(task: Task, infra: str | None) -> list[BucketMount]:
     """The task's bucket mounts on `infra` (a bucket named without `store` takes the infra's store, else
     `[sky] default_store`); raises SpecError naming the field."""
     configured = conf.get("sky", "default_store", fallback=None)
-    return bucket_mounts(task, default_store(infra or task.resources.infra, configured))
+    infra = infra or task.resources.infra or "local"
+    mounts = bucket_mounts(task, default_store(infra, configured))
+    if infra == "local":
+        _check_local_mounts(mounts)
+    return mounts
+
+
+def _check_local_mounts(mounts: Sequence[BucketMount]) -> None:
+    """Local nodes share this machine's filesystem: two of them can mount one absolute path only from
+    mount namespaces of their own (root, or user namespaces)."""
+    shared = [m.destination for m in mounts if m.mode != "COPY" and not m.destination.startswith("~")]
+    if not shared:
+        return
+    from airflow_sky.infra.local.daemon import isolation
+
+    if isolation() is None:
+        raise SpecError(
+            f"file_mounts.{shared[0]}: local nodes run without mount namespaces of their own here (not "
+            "root, no user namespaces), so they cannot each mount the same absolute path; mount it under "
+            f"the node's home instead (file_mounts.~/{shared[0].strip('/')})"
+        )
 
 
 class SkyClusterHook(BaseHook):

@@ -141,8 +141,7 @@ sky_copy() {{
   if ! out=$(rclone copy "$2" "$1" --config {CONFIG} --transfers {COPY_TRANSFERS} --checkers {COPY_TRANSFERS} --fast-list --log-level ERROR 2>&1); then
     echo "file_mounts.$3: copying $4 to $1 on rank @RANK@ failed: $(printf '%s' "$out" | tail -n 5)" >&2; return 1
   fi
-  files=$(find "$1" -type f | wc -l); bytes=$(du -sb "$1" | cut -f1)
-  echo "copied $3 $files $bytes"
+  echo "copied $3 $(find "$1" -type f -printf '%s\\n' | awk '{{n++; s+=$1}} END {{print n+0, s+0}}')"
 }}
 sky_unmount() {{
   fusermount3 -uz "$1" 2>/dev/null || fusermount -uz "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true

@@ -157,17 +157,13 @@ def _check_bucket_name(field: str, name: str) -> None:
 
 
 def mount_notes(mounts: list[BucketMount]) -> list[str]:
-    """What airflow-sky does with these mounts where SkyPilot's user might expect otherwise (said once)."""
+    """What airflow-sky does with these mounts where a SkyPilot user might expect otherwise (said once, at
+    check and launch)."""
     notes = []
     for mount in mounts:
-        if mount.mode == MOUNT_CACHED:
-            notes.append(
-                f"file_mounts.{mount.destination}: MOUNT_CACHED ({mount.uri}): writes are cached on the node "
-                "and uploaded in the background; the job ends only once the cache has been uploaded"
-            )
         if not mount.persistent and not mount.create:
             notes.append(
-                f"file_mounts.{mount.destination}: persistent: false applies to buckets airflow-sky "
-                f"creates; {mount.uri} is given by URI and is never deleted"
+                f"file_mounts.{mount.destination}: persistent: false deletes only a bucket airflow-sky "
+                f"creates (one given by `name`); {mount.bucket_uri} is given by URI and is kept"
             )
     return notes

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from airflow_sky.client.cli.common import add_env_arguments, load_task
+from airflow_sky.client.cli.common import add_env_arguments, check_buckets, load_task
 from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
 from airflow_sky.task import Task
 from airflow_sky.task.pipeline import is_pipeline_file
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     needs = launch_needs(task, args.file)
     if needs is not None:
         print(f"airflow-sky: note: {needs}", file=sys.stderr)
+    check_buckets(task, task.resources.infra or "local", fatal=False)
     return 0
 
 

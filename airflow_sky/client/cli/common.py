@@ -122,3 +122,21 @@ def check_git_workdir(task: Task) -> None:
         from airflow_sky.node.git_workdir import resolve_commit
 
         resolve_commit(task.workdir, task.envs_and_secrets)
+
+
+def check_buckets(task: Task, infra: str, *, fatal: bool = True) -> None:
+    """The task's bucket mounts on `infra`, checked before anything starts; where airflow-sky's behaviour
+    differs from SkyPilot's, one note each on stderr. With `fatal=False` (check), a mount that a launch on
+    `infra` would refuse is a note too."""
+    from airflow_sky.hooks.cluster import task_buckets
+    from airflow_sky.task.storage import mount_notes
+
+    try:
+        mounts = task_buckets(task, infra)
+    except SpecError as e:
+        if fatal:
+            raise
+        print(f"airflow-sky: note: launching on {infra} would fail: {e}", file=sys.stderr)
+        return
+    for note in mount_notes(mounts):
+        print(f"airflow-sky: note: {note}", file=sys.stderr)

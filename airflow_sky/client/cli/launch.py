@@ -17,6 +17,7 @@ from rich.table import Table
 
 from airflow_sky.client.cli.common import (
     add_env_arguments,
+    check_buckets,
     check_git_workdir,
     git_credentials_from_environment,
     load_task,
@@ -317,6 +318,7 @@ def _launch(args: argparse.Namespace) -> int:
         print_plan(task, infra, Console(highlight=False, soft_wrap=True))
         return 0
     check_git_workdir(task)
+    check_buckets(task, infra)
     cluster = args.cluster or sanitize_cluster_name(f"sky-{secrets.token_hex(2)}-{getpass.getuser()}")
     if not args.yes and sys.stdin.isatty():
         answer = input(
@@ -356,6 +358,7 @@ def _exec(args: argparse.Namespace) -> int:
     from airflow_sky.client.sdk import infra_of
 
     infra = args.infra or infra_of(args.cluster, task.resources.infra)
+    check_buckets(task, infra)
     return _run(
         task,
         LaunchOptions(
