@@ -354,3 +354,30 @@ def test_spot_nodes_can_only_autodown(moto_endpoint: str, cluster: str) -> None:
     assert _shutdown_behavior(moto_endpoint, nodes[0].instance_id) == "terminate"
     with pytest.raises(SpecError, match="spot instances cannot be stopped"):
         cloud.prepare_autostop(cluster, down=False)
+
+
+def test_an_instance_profile_in_the_connection_is_every_nodes_bucket_identity(
+    moto_endpoint: str, play: dict[str, Any], cluster: str
+) -> None:
+    import json
+
+    from airflow_sky.node.buckets import bucket_remotes
+    from airflow_sky.task.storage import BucketMount
+    from tests.envs import patched_environ
+
+    iam = boto("iam", moto_endpoint)
+    iam.create_instance_profile(InstanceProfileName="sky-nodes")
+    conn = json.loads(json.dumps(play["conn"]))
+    conn["extra"]["airflow_sky"]["iam_instance_profile"] = "sky-nodes"
+    with patched_environ({"AIRFLOW_CONN_AWS_NODES": json.dumps(conn)}):
+        cloud = MotoAwsCloud(REGION, conn_id="aws_nodes")
+        cloud.provision(ProvisionRequest(cluster, 1, M6I))
+        (instance,) = _instances_of(moto_endpoint, cluster)
+        assert instance["IamInstanceProfile"]["Arn"].endswith("/sky-nodes")
+        assert cloud.node_bucket_identity() == frozenset({"s3"})
+        # The nodes' rclone then uses their role (env_auth) and gets no key from the connection.
+        plan = bucket_remotes([BucketMount("/ckpt", "s3", "ckpt")], "aws_nodes", node_identity={"s3"})
+        assert plan.remotes["sky-s3"]["env_auth"] == "true"
+        assert not {"access_key_id", "secret_access_key", "session_token"} & set(plan.remotes["sky-s3"])
+        assert "secret" not in repr(plan) and "<redacted>" in repr(plan)
+    assert MotoAwsCloud(REGION).node_bucket_identity() == frozenset()

@@ -163,6 +163,26 @@ def test_what_a_vm_needs_for_its_gpus_spot_and_autodown() -> None:
     assert "guestAccelerators" not in l4  # g2 carries its L4s
     assert l4["scheduling"]["provisioningModel"] == "SPOT" and l4["serviceAccounts"][0]["email"] == "default"
     assert {"key": "ssh-keys", "value": "gcpuser:ssh-ed25519 AAAA gcpuser"} in l4["metadata"]["items"]
+    # A configured service account is the nodes' identity for the task's gs:// buckets.
+    own = vms.instance_body(
+        name="c-0-x",
+        machine_type="n2-standard-8",
+        accelerator=None,
+        accelerator_count=0,
+        spot=False,
+        self_delete=True,
+        service_account="nodes@p.iam.gserviceaccount.com",
+        **common,
+    )
+    assert own["serviceAccounts"] == [
+        {
+            "email": "nodes@p.iam.gserviceaccount.com",
+            "scopes": [
+                "https://www.googleapis.com/auth/compute",
+                "https://www.googleapis.com/auth/devstorage.read_write",
+            ],
+        }
+    ]
 
 
 def test_autostop_stops_or_deletes_and_a_stopped_cluster_is_started_again(gce: FakeGce, cluster: str) -> None:

@@ -136,6 +136,9 @@ class AwsCloud(Cloud):
             self._settings = settings_from_extra(self.conn_id, dict(config.extra_config), config.region_name)
         return self._settings
 
+    def node_bucket_identity(self) -> frozenset[str]:
+        return frozenset({"s3"}) if self.settings.iam_instance_profile else frozenset()
+
     def check_config(self) -> None:
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
@@ -471,6 +474,10 @@ class AwsCloud(Cloud):
             ],
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         }
+        profile = self.settings.iam_instance_profile
+        if profile:
+            # The nodes' own identity: their role reaches the task's s3:// buckets, no key is sent to them.
+            args["IamInstanceProfile"] = {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
         if placement.use_spot:
             args["InstanceMarketOptions"] = {
                 "MarketType": "spot",

@@ -12,7 +12,9 @@ region_name, endpoint_url, ...). airflow-sky's settings sit in the extra under `
         "state_table": "airflow-sky-state",   # DynamoDB table of the clusters' job records
         "state_region": "us-east-1",          # where that table lives (default: the connection's region)
         "use_private_ip": false,              # SSH to private addresses (Airflow inside the VPC)
-        "regions": ["us-east-1", "us-west-2"] # the regions the optimizer may use (default: all)
+        "regions": ["us-east-1", "us-west-2"],# the regions the optimizer may use (default: all)
+        "iam_instance_profile": "sky-nodes"   # attached to every node: its role reads and writes the
+                                              # task's s3:// buckets (no key is sent to the nodes)
      }}
 
 `ssh_private_key` is a secret: Airflow masks extras with `private_key` in their name; it is written to a
@@ -40,6 +42,7 @@ _FIELDS = (
     "state_region",
     "use_private_ip",
     "regions",
+    "iam_instance_profile",
 )
 
 
@@ -54,16 +57,32 @@ class AwsSettings:
     state_region: str = DEFAULT_REGION
     use_private_ip: bool = False
     regions: tuple[str, ...] | None = None
+    iam_instance_profile: str | None = None  # a name or an ARN
 
 
 def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_region: str | None) -> AwsSettings:
     """The connection's `airflow_sky` settings, validated; every error names the connection and field."""
-    strings = ("ssh_user", "ssh_cidr", "security_group", "state_table", "state_region", "ssh_key_file")
+    strings = (
+        "ssh_user",
+        "ssh_cidr",
+        "security_group",
+        "state_table",
+        "state_region",
+        "ssh_key_file",
+        "iam_instance_profile",
+    )
     raw, source = sky_settings(conn_id, extra, _FIELDS, strings, ("use_private_ip",))
     regions = raw.get("regions")
     values: dict[str, Any] = {
         k: raw[k]
-        for k in ("ssh_user", "ssh_cidr", "security_group", "state_table", "use_private_ip")
+        for k in (
+            "ssh_user",
+            "ssh_cidr",
+            "security_group",
+            "state_table",
+            "use_private_ip",
+            "iam_instance_profile",
+        )
         if k in raw
     }
     return AwsSettings(

@@ -138,6 +138,9 @@ class GcpCloud(Cloud):
                 )
             return self._storage
 
+    def node_bucket_identity(self) -> frozenset[str]:
+        return frozenset({"gcs"}) if self.settings.service_account else frozenset()
+
     def check_config(self) -> None:
         try:
             self._credentials()
@@ -365,6 +368,7 @@ class GcpCloud(Cloud):
                     public_key=public_key,
                     external_ip=not s.use_private_ip,
                     self_delete=bool(autostop and autostop["down"]),
+                    service_account=s.service_account,
                 )
                 try:
                     operations.append(

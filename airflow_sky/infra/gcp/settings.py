@@ -14,7 +14,9 @@ impersonation). airflow-sky's settings sit in the extra under `airflow_sky`:
         "state_location": "US",               # where that bucket is created when missing
         "use_private_ip": false,              # SSH to private addresses (Airflow inside the VPC)
         "regions": ["us-central1"],           # the regions the optimizer may use (default: all)
-        "project": "my-project"               # overrides the connection's project
+        "project": "my-project",              # overrides the connection's project
+        "service_account": "nodes@my-project.iam.gserviceaccount.com"  # the nodes' own identity: they
+                                              # read and write the task's gs:// buckets with it
      }}
 
 Emulators and private endpoints: `compute_endpoint` and `storage_endpoint` replace the APIs' addresses,
@@ -42,6 +44,7 @@ _STRINGS = (
     "project",
     "compute_endpoint",
     "storage_endpoint",
+    "service_account",
 )
 _FIELDS = (*_STRINGS, "ssh_private_key", "use_private_ip", "regions", "anonymous_credentials")
 
@@ -61,6 +64,7 @@ class GcpSettings:
     compute_endpoint: str | None = None
     storage_endpoint: str | None = None
     anonymous_credentials: bool = False
+    service_account: str | None = None
 
 
 def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_project: str | None) -> GcpSettings:
@@ -77,7 +81,7 @@ def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_project: str |
     if not project:
         raise SpecError(f"{source}: no project: set the connection's project (or airflow_sky.project)")
     regions = raw.get("regions")
-    kept = ("ssh_user", "ssh_cidr", "network", "state_location", "use_private_ip")
+    kept = ("ssh_user", "ssh_cidr", "network", "state_location", "use_private_ip", "service_account")
     endpoints = ("compute_endpoint", "storage_endpoint", "anonymous_credentials")
     values: dict[str, Any] = {k: raw[k] for k in (*kept, *endpoints) if k in raw}
     return GcpSettings(

@@ -159,6 +159,7 @@ def instance_body(
     public_key: str,
     external_ip: bool,
     self_delete: bool,
+    service_account: str | None = None,
 ) -> dict[str, Any]:
     """The instances.insert body of one node."""
     gpus = accelerator is not None
@@ -199,11 +200,15 @@ def instance_body(
         },
         "scheduling": scheduling,
     }
+    scopes = []
     if self_delete:
         # Autodown: the node deletes itself through the API with its own service account (compute scope).
-        body["serviceAccounts"] = [
-            {"email": "default", "scopes": ["https://www.googleapis.com/auth/compute"]}
-        ]
+        scopes.append("https://www.googleapis.com/auth/compute")
+    if service_account:
+        # The task's gs:// buckets, read and written by the node as this account (no key is sent to it).
+        scopes.append("https://www.googleapis.com/auth/devstorage.read_write")
+    if scopes:
+        body["serviceAccounts"] = [{"email": service_account or "default", "scopes": scopes}]
     if gpus and not machine_type.startswith(_GPU_FAMILIES):
         kind = _ACCELERATOR_TYPES.get(str(accelerator), f"nvidia-{str(accelerator).lower()}")
         body["guestAccelerators"] = [
