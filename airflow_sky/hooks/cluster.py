@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.sdk import BaseHook, conf
+from airflow.sdk.log import mask_secret
 
 from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.gang.job import JobHandle
@@ -22,7 +23,10 @@ from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node import artifacts, buckets
 from airflow_sky.node.files import UploadResult, upload_task_files
 from airflow_sky.task import Task
-from airflow_sky.task.storage import BucketMount, bucket_mounts, default_store
+from airflow_sky.task.storage import BucketMount, bucket_mounts, default_store, has_bucket_mounts
+
+# rclone options whose values are credentials: registered with Airflow's masker before any use.
+_SECRET_OPTIONS = ("secret_access_key", "session_token", "service_account_credentials", "token")
 
 
 def task_buckets(task: Task, infra: str | None) -> list[BucketMount]:
@@ -34,6 +38,20 @@ def task_buckets(task: Task, infra: str | None) -> list[BucketMount]:
     if infra == "local":
         _check_local_mounts(mounts)
     return mounts
+
+
+def jobs_bucket_setting() -> str | None:
+    """The deployment's jobs bucket (`[sky] jobs_bucket`): where `jobs launch` puts a managed job's local
+    files; a run's end removes only its own prefix there."""
+    return conf.get("sky", "jobs_bucket", fallback=None) or None
+
+
+def remove_job_files(
+    uri: str, log: Callable[[str], None], aws_conn_id: str | None = None, gcp_conn_id: str | None = None
+) -> int:
+    """Delete the objects below `uri` (a checked run prefix: task.jobs_bucket.checked_uploads_uri) with the
+    Airflow connection of its store; returns how many."""
+    return buckets.delete_prefix(uri, log, aws_conn_id, gcp_conn_id)
 
 
 def _check_local_mounts(mounts: Sequence[BucketMount]) -> None:
@@ -149,14 +167,22 @@ class SkyClusterHook(BaseHook):
     def record_job_buckets(self, handle: JobHandle, record: dict[str, Any]) -> None:
         record_buckets(self.cluster, handle, record)
 
-    def bucket_plan(self, handle: JobHandle) -> buckets.BucketPlan | None:
-        """What a node needs to attach the job's buckets (credentials included: never log it)."""
-        return buckets.plan_from_record(bucket_record(self.cluster, handle))
+    def bucket_plan(self, handle: JobHandle, task: Task) -> buckets.BucketPlan | None:
+        """What a node needs to attach the job's buckets (credentials included: never log it; they are
+        registered with Airflow's secret masker here). A task without buckets reads nothing."""
+        if not has_bucket_mounts(task):
+            return None
+        plan = buckets.plan_from_record(bucket_record(self.cluster, handle))
+        for options in plan.remotes.values() if plan else ():
+            for name in _SECRET_OPTIONS:
+                if options.get(name):
+                    mask_secret(options[name])
+        return plan
 
-    def release_buckets(self, handle: JobHandle, log: Callable[[str], None]) -> None:
+    def release_buckets(self, handle: JobHandle, task: Task, log: Callable[[str], None]) -> None:
         """Unmount the job's buckets on every node (after their uploads), remove the nodes' bucket
         credentials, and delete the buckets this job created for `persistent: false` mounts."""
-        record = bucket_record(self.cluster, handle)
+        record = bucket_record(self.cluster, handle) if has_bucket_mounts(task) else None
         if not record or not record.get("mounts"):
             return
         nodes = [n for n in self.cluster.nodes() if n.status.value == "RUNNING"]

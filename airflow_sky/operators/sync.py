@@ -43,7 +43,11 @@ class SkySyncOperator(SkyBaseOperator):
         hook = self.hook(handle)
         node = handle.node(int(self.node["rank"]))
         result = hook.sync_task_files(
-            node, self.sky_task, self.log.info, hook.bucket_plan(handle), git_commit=handle.git_commit
+            node,
+            self.sky_task,
+            self.log.info,
+            hook.bucket_plan(handle, self.sky_task),
+            git_commit=handle.git_commit,
         )
         summary: dict[str, Any] = {
             "rank": node.rank,

@@ -28,7 +28,7 @@ class SkyTeardownOperator(SkyBaseOperator):
         handle = self.handle()
         # Before the nodes go (or stay): their mounts' uploads finish, the mounts and credentials go, and
         # the buckets this job created for `persistent: false` mounts are deleted.
-        self.hook(handle).release_buckets(handle, self.log.info)
+        self.hook(handle).release_buckets(handle, self.sky_task, self.log.info)
         if not self.down:
             self._cancel_an_unfollowed_job(handle)
             self.log.info(

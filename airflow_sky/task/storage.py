@@ -69,6 +69,17 @@ def default_store(infra: str | None, configured: str | None = None) -> str | Non
     return STORE_OF_INFRA.get(cloud) or (configured.lower() if configured else None)
 
 
+def has_bucket_mounts(task: Task) -> bool:
+    """Whether any file_mount is a bucket (a URI, or a mapping naming one): cheap, nothing checked."""
+    for source in task.file_mounts.values():
+        if isinstance(source, str):
+            if is_bucket_uri(source):
+                return True
+        elif source.name or (isinstance(source.source, str) and is_bucket_uri(source.source)):
+            return True
+    return False
+
+
 def bucket_mounts(task: Task, store_default: str | None = None) -> list[BucketMount]:
     """The task's bucket file_mounts, checked; a local path (or a mapping with only a local `source`) is
     not one of them (it is synced). Raises SpecError naming the field and what is allowed."""
@@ -133,6 +144,12 @@ def _bucket_mount(
         upload=upload,
         persistent=persistent,
     )
+
+
+def parse_bucket_uri(field: str, uri: str) -> BucketMount:
+    """A bucket URI (`s3://bucket[/prefix]`, `gs://...`) checked as file_mounts URIs are (a BucketMount
+    without a destination); SpecError naming `field`."""
+    return _from_uri(field, "", uri, COPY)
 
 
 def _from_uri(field: str, destination: str, uri: str, mode: str) -> BucketMount:

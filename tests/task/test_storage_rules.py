@@ -124,3 +124,14 @@ def test_check_says_once_what_a_launch_here_would_refuse_and_what_differs(run_cl
     assert done.returncode == 0, done.stderr
     assert "s3://shared-data is given by URI and is kept" in done.stderr
     assert done.stderr.count("airflow-sky: note:") == 1
+
+
+def test_only_tasks_with_a_bucket_pay_for_reading_the_jobs_bucket_record():
+    from airflow_sky.task.storage import has_bucket_mounts
+
+    assert not has_bucket_mounts(
+        Task(run="x", file_mounts={"~/a": "/srv/a", "~/b": {"source": "/srv/b", "mode": "COPY"}})
+    )
+    assert has_bucket_mounts(Task(run="x", file_mounts={"~/a": "gs://data"}))
+    assert has_bucket_mounts(Task(run="x", file_mounts={"~/a": {"name": "ckpt"}}))
+    assert has_bucket_mounts(Task(run="x", file_mounts={"~/a": {"source": "s3://d/x", "mode": "MOUNT"}}))
