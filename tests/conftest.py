@@ -30,6 +30,7 @@ SLOWEST_FILES = (
     "tests/cli/test_jobs_cli.py",
     "tests/cli/test_launch_cli.py",
     "tests/dags/test_recovery.py",
+    "tests/dags/test_bucket_mounts.py",
     "tests/cli/test_autostop_cli.py",
     "tests/aws/test_aws_jobs.py",
     "tests/deploy/test_wide_jobs.py",
