@@ -15,6 +15,7 @@ import dataclasses
 import importlib
 import io
 import json
+import os
 import shlex
 import tarfile
 import time
@@ -110,6 +111,13 @@ def _gcs_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
         options["env_auth"] = "true"
         return options
     hook = google_hook(gcp_conn_id=conn_id)
+    # An emulator, as google-cloud-storage finds one (STORAGE_EMULATOR_HOST on the worker).
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if emulator:
+        options["endpoint"] = emulator
+    if hook._get_field("is_anonymous"):
+        options["anonymous"] = "true"
+        return options
     keyfile = hook._get_field("keyfile_dict") or None
     key_path = hook._get_field("key_path") or None
     if keyfile:

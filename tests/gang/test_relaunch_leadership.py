@@ -38,6 +38,16 @@ def _starts(probe: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def _starts_once_written(probe: Path, count: int, timeout_s: float = 60.0) -> list[str]:
+    """The recorded starts, sorted, once `count` lines are there: a relaunch returns once it started every
+    rank's script detached, before each script has run its first line (a loaded machine delays that)."""
+    deadline = time.monotonic() + timeout_s
+    while len(_starts(probe)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # a start recorded twice would show up now
+    return sorted(_starts(probe))
+
+
 RECORD_START = 'echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> "$PROBE/starts"; '
 
 
@@ -90,7 +100,7 @@ def test_two_followers_with_different_health_views_relaunch_the_job_once(local_c
     leaders = [r for r in (0, 1) if any("Relaunching job" in line for line in logs[r])]
     assert len(leaders) == 1, logs
     assert state.recoveries + state.restarts == 1
-    assert sorted(_starts(tmp_path)) == ["0 0", "0 1", "1 0", "1 1"]  # each rank once per generation
+    assert _starts_once_written(tmp_path, 4) == ["0 0", "0 1", "1 0", "1 1"]  # each rank once per generation
     assert [n["instance_id"] for n in state.nodes] == [n.instance_id for n in handle.nodes]  # none replaced
 
 
@@ -107,7 +117,7 @@ def test_a_leader_that_dies_after_its_claim_is_taken_over(local_cluster, tmp_pat
     assert 2.5 < time.monotonic() - started < 60
     assert state.generation == 1 and state.history[-1]["action"] == "RESTART"
     assert any("Relaunching job" in line for line in log)
-    assert sorted(_starts(tmp_path)) == ["0 0", "0 1", "1 0", "1 1"]
+    assert _starts_once_written(tmp_path, 4) == ["0 0", "0 1", "1 0", "1 1"]
     ClusterJobs(cluster).cancel([handle.job_id])
 
 
@@ -157,7 +167,7 @@ def test_an_ssh_error_during_the_relaunch_is_tried_again_and_the_job_relaunches_
     state = follow_relaunch(cluster, states, task, handle, 0, "leader", log.append)
     assert state.generation == 1 and state.relaunch is None
     assert any("The relaunch failed (try 1 of 3): command on node rank 1 timed out" in line for line in log)
-    assert sorted(_starts(tmp_path)) == ["0 0", "0 1", "1 0", "1 1"]  # each rank once per generation
+    assert _starts_once_written(tmp_path, 4) == ["0 0", "0 1", "1 0", "1 1"]  # each rank once per generation
     ClusterJobs(cluster).cancel([handle.job_id])
 
 
