@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
+from airflow_sky.client.config_file import config_section
 from airflow_sky.errors import SkyError
-from airflow_sky.infra.home import sky_home
 
 PAGE = 100  # the API's [api] maximum_page_limit default
 
@@ -59,24 +58,19 @@ def api_config() -> ApiConfig:
             env.get("AIRFLOW_SKY_API_PASSWORD"),
             "AIRFLOW_SKY_API_URL",
         )
-    config_file = sky_home() / "config.yaml"
-    if config_file.is_file():
-        try:
-            loaded = yaml.safe_load(config_file.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise SkyError(f"{config_file}: not valid YAML: {e}") from e
-        api = loaded.get("api") if isinstance(loaded, dict) else None
-        if api is not None:
-            if not isinstance(api, dict) or not isinstance(api.get("url"), str):
-                raise SkyError(
-                    f"{config_file}: api: must be a mapping with url (and token, or username/password)"
-                )
-            unknown = sorted(set(api) - {"url", "token", "username", "password"})
-            if unknown:
-                raise SkyError(f"{config_file}: api: unknown field(s) {', '.join(unknown)}")
-            return ApiConfig(
-                api["url"], api.get("token"), api.get("username"), api.get("password"), str(config_file)
+    api, config_file = config_section(
+        "api",
+        ("url", "token", "username", "password"),
+        "a mapping with url (and token, or username/password)",
+    )
+    if api is not None:
+        if not isinstance(api.get("url"), str):
+            raise SkyError(
+                f"{config_file}: api: must be a mapping with url (and token, or username/password)"
             )
+        return ApiConfig(
+            api["url"], api.get("token"), api.get("username"), api.get("password"), str(config_file)
+        )
     airflow_home = Path(env.get("AIRFLOW_HOME") or Path.home() / "airflow")
     ctl_file = airflow_home / f"{env.get('AIRFLOW_CLI_ENVIRONMENT', 'production')}.json"
     if ctl_file.is_file():

@@ -1,8 +1,9 @@
 """Managed jobs: a task run by a deployed Airflow (the `airflow_sky_jobs` DAG), like `sky jobs`.
 
-`launch` checks the task here, puts its secrets into Airflow Variables and triggers a run of the DAG through
-the REST API; `queue`, `logs` and `cancel` read and steer those runs through the same API. Nothing here
-touches a node: the deployment's workers do, so a job goes on when this process (or laptop) is gone.
+`launch` checks the task here, uploads its local files to the jobs bucket (client.jobs_bucket), puts its
+secrets into Airflow Variables and triggers a run of the DAG through the REST API; `queue`, `logs` and
+`cancel` read and steer those runs through the same API. Nothing here touches a node: the deployment's
+workers do, so a job goes on when this process (or laptop) is gone.
 """
 
 from __future__ import annotations
@@ -18,17 +19,30 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_sky.client.airflow_api import AirflowApi, ApiError
+from airflow_sky.client.jobs_bucket import (
+    SETTING,
+    JobsBucketConfig,
+    UploadFile,
+    UploadProgress,
+    files_to_upload,
+    jobs_bucket_config,
+    open_store,
+    run_prefix,
+    upload,
+)
 from airflow_sky.dags.managed import JOB_GROUP, MANAGED_DAG_ID
-from airflow_sky.errors import SpecError
+from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
-from airflow_sky.operators.job_spec import JobSpec, job_owner, local_paths, secret_variable_key
+from airflow_sky.operators.job_spec import JobSpec, job_owner, secret_variable_key
 from airflow_sky.task import Task
+from airflow_sky.task.jobs_bucket import LocalUpload, job_files_uri, local_paths, translate_local_paths
 from airflow_sky.task.pipeline import SERIAL, Pipeline
 
 CANCEL_NOTE = "Cancelled with `airflow-sky jobs cancel`"
 _ACTIVE = ("running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule", "restarting")
 _STARTING_STEPS = ("spec", "provision", "sync", "setup_follow", "launch")
 _LOG_STEPS = ("setup_follow", "run_follow")
+_ENDED = ("success", "failed", "skipped", "upstream_failed", "removed")
 LOG_POLL_S = 2.0
 
 
@@ -48,6 +62,10 @@ class ManagedJob:
     infra: str
 
 
+class LaunchAborted(SkyError):
+    """The user declined the launch at its confirmation (nothing was created)."""
+
+
 def launch(
     task: Task | Pipeline | str | os.PathLike[str],
     *,
@@ -59,25 +77,26 @@ def launch(
     down: bool = True,
     api: AirflowApi | None = None,
     dag_id: str = MANAGED_DAG_ID,
+    confirm: Callable[[str], bool] | None = None,
+    upload_progress: UploadProgress | None = None,
 ) -> str:
     """Submit `task` (a Task, a Pipeline, or a task YAML: one task or a pipeline file) as a managed job;
     returns its job id (the DAG run id). A pipeline's tasks run in order in that one run, each on a cluster
     of its own; the deployed DAG needs as many pipeline slots (`managed_jobs_dag(pipeline_slots=N)`).
 
     Everything is checked here: a bad task is refused before anything reaches Airflow. Secrets go into
-    Airflow Variables (never into the run's conf), which the run deletes when it ends.
+    Airflow Variables (never into the run's conf), which the run deletes when it ends. A local workdir and
+    local file_mounts are uploaded to the configured jobs bucket (client.jobs_bucket), which the run removes
+    when it ends; without one they are refused, naming the setting.
+
+    :param confirm: asked with the job's name once the task is checked, before anything is uploaded or
+        created; False raises LaunchAborted.
+    :param upload_progress: told how the upload of local files goes (files and bytes).
     """
     tasks, pipeline = _tasks_of(task, env)
     for one in tasks:
         if secrets:
             one.update_secrets(secrets)
-        unreadable = local_paths(one)
-        if unreadable:
-            raise SpecError(
-                f"{_label(one, pipeline)}{', '.join(unreadable)}: a managed job runs on the deployment's workers, "
-                "which cannot read this machine's files; use a git workdir (workdir: {url: ...}) or bucket "
-                "file_mounts (s3://, gs://)"
-            )
     if num_nodes is not None:
         if pipeline is not None:
             raise SpecError("num_nodes: a pipeline's tasks name their own node counts")
@@ -85,6 +104,13 @@ def launch(
             raise SpecError(f"num_nodes: must be an integer >= 1, got {num_nodes}")
         tasks[0].num_nodes = num_nodes
     run_id = f"sky-job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{random.token_hex(3)}"
+    bucket = _jobs_bucket_for(tasks, pipeline)
+    run_uri = bucket.bucket.run_uri(run_id) if bucket is not None else None
+    uploads: list[LocalUpload] = []
+    if run_uri is not None:
+        for index, one in enumerate(tasks):
+            tasks[index], more = translate_local_paths(one, job_files_uri(run_uri, index, len(tasks)))
+            uploads += more
     specs = []
     for index, one in enumerate(tasks):
         mapping = one.to_dict()
@@ -97,10 +123,12 @@ def launch(
                 infra=infra or one.resources.infra or "local",
                 cluster_name=cluster_name if pipeline is None else None,
                 down=down,
+                uploads=run_uri if uploads else None,
             )
         )
     for index, spec in enumerate(specs):  # what the DAG's spec tasks will check, checked here first
         JobSpec.from_conf(spec.to_run_conf(), owner=job_owner(run_id, index, len(specs)))
+    files = files_to_upload(bucket.bucket, uploads) if bucket is not None and uploads else []
     confs = [spec.to_run_conf() for spec in specs]
     conf = confs[0] if pipeline is None else {"pipeline": pipeline, "jobs": confs}
     values = {
@@ -111,28 +139,80 @@ def launch(
     with _api(api) as client:
         if pipeline is not None:
             _check_pipeline_slots(client, dag_id, len(tasks))
-        created: list[str] = []
-        try:
-            for key, value in values.items():
-                client.request(
-                    "POST",
-                    "/variables",
-                    json={"key": key, "value": value, "description": f"a secret of {run_id}"},
-                )
-                created.append(key)
-            body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
-            try:
-                client.request("POST", f"/dags/{dag_id}/dagRuns", json=body)
-            except ApiError as e:
-                if e.status_code != 404:
-                    raise
-                raise _no_dag(client, dag_id) from e
-        except ApiError:
-            for key in created:  # nothing of a refused launch stays behind
-                with contextlib.suppress(ApiError):
-                    client.request("DELETE", f"/variables/{key}")
-            raise
+        if confirm is not None and not confirm(pipeline or tasks[0].name or "unnamed"):
+            raise LaunchAborted("Aborted: nothing was uploaded or submitted")
+        with _uploaded(bucket, run_uri if uploads else None, files, upload_progress):
+            _submit(client, dag_id, run_id, conf, values)
     return run_id
+
+
+def _jobs_bucket_for(tasks: list[Task], pipeline: str | None) -> JobsBucketConfig | None:
+    """The jobs bucket, when a task names local paths (else None, and the setting is not even read); without
+    one configured, those paths are refused naming the setting."""
+    unreadable = [(one, local_paths(one)) for one in tasks]
+    unreadable = [(one, fields) for one, fields in unreadable if fields]
+    if not unreadable:
+        return None
+    bucket = jobs_bucket_config()
+    if bucket is None:
+        one, fields = unreadable[0]
+        raise SpecError(
+            f"{_label(one, pipeline)}{', '.join(fields)}: a managed job runs on the deployment's workers, which "
+            f"cannot read this machine's files; set {SETTING} to a bucket (s3://<bucket>[/<prefix>] or gs://...) "
+            "that `jobs launch` uploads them to for the job (the deployment's [sky] jobs_bucket must name "
+            "the same; docs/deploy.md), or use a git workdir (workdir: {url: ...})"
+        )
+    return bucket
+
+
+@contextlib.contextmanager
+def _uploaded(
+    bucket: JobsBucketConfig | None,
+    run_uri: str | None,
+    files: list[UploadFile],
+    progress: UploadProgress | None,
+) -> Iterator[None]:
+    """The run's local files uploaded for the body; removed again when the body (or the upload) fails, so
+    that nothing of a refused launch stays behind."""
+    if bucket is None or run_uri is None:
+        yield
+        return
+    store = open_store(bucket)
+    store.check()
+    try:
+        upload(store, files, run_uri, progress)
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            store.delete(run_prefix(bucket.bucket, run_uri))
+        raise
+
+
+def _submit(
+    client: AirflowApi, dag_id: str, run_id: str, conf: dict[str, Any], values: Mapping[str, str]
+) -> None:
+    """Create the secrets' Variables, then the run; on a refusal, delete the Variables again."""
+    created: list[str] = []
+    try:
+        for key, value in values.items():
+            client.request(
+                "POST",
+                "/variables",
+                json={"key": key, "value": value, "description": f"a secret of {run_id}"},
+            )
+            created.append(key)
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
+        try:
+            client.request("POST", f"/dags/{dag_id}/dagRuns", json=body)
+        except ApiError as e:
+            if e.status_code != 404:
+                raise
+            raise _no_dag(client, dag_id) from e
+    except ApiError:
+        for key in created:  # nothing of a refused launch stays behind
+            with contextlib.suppress(ApiError):
+                client.request("DELETE", f"/variables/{key}")
+        raise
 
 
 def _tasks_of(
@@ -234,7 +314,7 @@ def logs(
                     continue
                 key = (ti["task_id"], int(ti["map_index"]), int(ti["try_number"]))
                 reader = readers.setdefault(key, _LogReader(client, dag_id, job_id, *key))
-                for line in reader.read():
+                for line in reader.read(final=ti.get("state") in _ENDED):
                     emit(line)
             if not follow or (ended and all(r.done for r in readers.values())):
                 return _job(client, dag_id, run, tis)
@@ -251,9 +331,14 @@ class _LogReader:
         self.path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
         self.map_index = map_index
         self.token: str | None = None
+        self.seen = 0  # log events read so far
         self.done = False
 
-    def read(self) -> Iterator[str]:
+    def read(self, final: bool) -> Iterator[str]:
+        """The job's lines written since the last read. `final`: the task instance had ended before this
+        read, so that a page without a continuation token is the log's end. Airflow also leaves the token
+        out while a task is not running (a deferred follow task going back to the queue): the next read
+        then starts over, and skips the events already read."""
         if self.done:
             return
         params: dict[str, Any] = {"map_index": self.map_index}
@@ -267,15 +352,17 @@ class _LogReader:
             if e.status_code == 404:  # not started yet
                 return
             raise
-        for event in page.get("content") or []:
+        events = page.get("content") or []
+        if self.token is None:  # from the start: the first read, or one after a page without a token
+            events, self.seen = events[self.seen :], len(events)
+        else:
+            self.seen += len(events)
+        for event in events:
             line = _job_line(event)
             if line is not None:
                 yield line
-        token = page.get("continuation_token")
-        if token is None:
-            self.done = True
-        else:
-            self.token = token
+        self.token = page.get("continuation_token")
+        self.done = self.token is None and final
 
 
 def _job_line(event: Any) -> str | None:

@@ -10,10 +10,12 @@ and `airflow-sky jobs queue/logs/cancel` follow it. Put it in the DAG folder of 
     dag = managed_jobs_dag()
 
     begin ─▶ spec ─▶ [provision ─▶ sync[n] ─▶ setup_follow[n] ─▶ launch ─▶ run_follow[m] ─▶ collect ─▶ teardown] ─▶ forget_secrets
+                                                                                                                 └▶ remove_uploads
 
 `spec` checks the conf (operators.job_spec) and hands it to every task of the job; the job's node count,
 resources, infra and cluster come from it at run time (the per-node tasks map over the provisioned nodes).
-`forget_secrets` deletes the Variables that held the job's secrets, whatever the outcome.
+`forget_secrets` deletes the Variables that held the job's secrets, and `remove_uploads` the files `jobs
+launch` put in the jobs bucket for the run (`<[sky] jobs_bucket>/<run id>/`), whatever the outcome.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
 from airflow_sky.dags.job import sky_job
-from airflow_sky.operators.managed import SkyForgetSecretsOperator, SkyJobSpecOperator
+from airflow_sky.operators.managed import (
+    SkyForgetSecretsOperator,
+    SkyJobSpecOperator,
+    SkyRemoveUploadsOperator,
+)
 
 MANAGED_DAG_ID = "airflow_sky_jobs"
 JOB_GROUP = "job"  # the task group of the job's phases: job.provision, job.run_follow, ...
@@ -64,6 +70,12 @@ def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, pipeline_slots: int = 1, **da
             gid = slot_group(index)
             previous = [group.children[f"{gid}.collect"], group.children[f"{gid}.terminated"]]
         forget = SkyForgetSecretsOperator(task_id="forget_secrets")
-        previous >> forget
-        forget.as_teardown(setups=begin)
+        remove = SkyRemoveUploadsOperator(
+            task_id="remove_uploads",
+            aws_conn_id=job_kwargs.get("aws_conn_id"),
+            gcp_conn_id=job_kwargs.get("gcp_conn_id"),
+        )
+        for cleanup in (forget, remove):
+            previous >> cleanup
+            cleanup.as_teardown(setups=begin)
     return dag

@@ -265,6 +265,22 @@ def delete_buckets(
         log(f"deleted bucket {uri} (persistent: false)")
 
 
+def delete_prefix(
+    uri: str, log: Callable[[str], None], aws_conn_id: str | None = None, gcp_conn_id: str | None = None
+) -> int:
+    """Delete every object below the folder `uri` (`s3://bucket/a/b` removes `a/b/...`, never `a/bc`);
+    returns how many. Idempotent: a folder already gone deletes nothing."""
+    parsed = urlparse(uri)
+    folder = f"{parsed.netloc}/{parsed.path.strip('/')}/"
+    fs = storage_path(uri, aws_conn_id, gcp_conn_id, field=uri).fs
+    fs.invalidate_cache()
+    objects = fs.find(folder)
+    if objects:
+        fs.rm(objects)
+    log(f"removed {uri}/ ({len(objects)} object(s))")
+    return len(objects)
+
+
 def bucket_record(
     mounts: Sequence[BucketMount],
     aws_conn_id: str | None,

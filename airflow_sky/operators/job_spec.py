@@ -5,7 +5,8 @@ with a conf of this shape:
 
     {"task": {...},                 # the task mapping (Task.to_dict()), without its secrets' values
      "secrets": ["NAME", ...],      # held in the Airflow Variables airflow_sky_secret__<run id>__NAME
-     "infra": "local", "cluster_name": null, "down": true}
+     "infra": "local", "cluster_name": null, "down": true,
+     "uploads": null}                # or the run's prefix in the jobs bucket, which the run's end removes
 
 A multi-task pipeline is `{"pipeline": "<name>", "jobs": [<one conf as above per task>, ...]}`, run in
 order, one job after the other (each its own cluster), in one run of a DAG with enough pipeline slots.
@@ -23,10 +24,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_sky.errors import SpecError
-from airflow_sky.task import Task
+from airflow_sky.task import Task, is_bucket_uri
+from airflow_sky.task.diagnostics import known_fields
 
 SECRET_VARIABLE_PREFIX = "airflow_sky_secret__"  # "secret" in the name: Airflow masks the value everywhere
-_CONF_FIELDS = ("task", "secrets", "infra", "cluster_name", "down")
+_CONF_FIELDS = ("task", "secrets", "infra", "cluster_name", "down", "uploads")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -79,6 +81,9 @@ class JobSpec:
     infra: str = "local"
     cluster_name: str | None = None
     down: bool = True
+    # `<jobs bucket>/<run id>`: where `jobs launch` uploaded the task's workdir and local file_mounts (the
+    # task copies them from there); the run's end removes it (task.jobs_bucket.checked_uploads_uri).
+    uploads: str | None = None
 
     def to_conf(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -91,13 +96,7 @@ class JobSpec:
         pipeline's n-th job) gives their Variables; a spec handed on by the spec task maps each name to its
         Variable already (`owner` None).
         """
-        if not isinstance(conf, Mapping):
-            raise SpecError(f"{source}: must be a mapping with {', '.join(_CONF_FIELDS)}")
-        unknown = sorted(set(conf) - set(_CONF_FIELDS))
-        if unknown:
-            raise SpecError(
-                f"{source}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(_CONF_FIELDS)})"
-            )
+        conf = known_fields(conf, _CONF_FIELDS, source, f"a mapping with {', '.join(_CONF_FIELDS)}")
         task = conf.get("task")
         if not isinstance(task, Mapping):
             raise SpecError(f"{source}: task: must be a task mapping (what `Task.to_dict()` gives)")
@@ -111,13 +110,20 @@ class JobSpec:
             raise SpecError(f"{source}: cluster_name: must be a string or null")
         if not isinstance(down, bool):
             raise SpecError(f"{source}: down: must be true or false")
-        spec = cls(dict(task), secrets, infra, cluster_name, down)
+        uploads = conf.get("uploads")
+        if uploads is not None and not (isinstance(uploads, str) and is_bucket_uri(uploads)):
+            raise SpecError(f"{source}: uploads: must be the bucket URI of the run's uploaded files, or null")
+        spec = cls(dict(task), secrets, infra, cluster_name, down, uploads)
         spec.load_task({name: "" for name in secrets})  # the task itself is valid
         return spec
 
     def to_run_conf(self) -> dict[str, Any]:
-        """The run conf's form: the secrets' names only (their Variables follow from the run id)."""
-        return {**self.to_conf(), "secrets": sorted(self.secrets)}
+        """The run conf's form: the secrets' names only (their Variables follow from the run id); `uploads`
+        only when there are (a deployment from before it refuses the field)."""
+        conf = {**self.to_conf(), "secrets": sorted(self.secrets)}
+        if conf["uploads"] is None:
+            del conf["uploads"]
+        return conf
 
     def load_task(self, secret_values: Mapping[str, str]) -> Task:
         """The Task, its secrets filled in from `secret_values` (name -> value)."""
@@ -127,13 +133,3 @@ class JobSpec:
         mapping = dict(self.task)
         mapping["secrets"] = {**(mapping.get("secrets") or {}), **{k: secret_values[k] for k in self.secrets}}
         return Task.from_dict(mapping, source="the managed job's task")
-
-
-def local_paths(task: Task) -> list[str]:
-    """The task's fields that name paths on the launching machine, which a managed job's workers cannot
-    read (a workdir or file_mount that is a local path)."""
-    fields = []
-    if isinstance(task.workdir, str):
-        fields.append(f"workdir ({task.workdir})")
-    fields += [f"file_mounts.{dst} ({src})" for dst, src in task.file_mounts.items() if isinstance(src, str)]
-    return fields

@@ -1,4 +1,5 @@
-"""The two tasks around a managed job: reading its spec from the run conf, and forgetting its secrets."""
+"""The tasks around a managed job: reading its spec from the run conf, then, when the run ends, forgetting
+its secrets and removing the files `jobs launch` uploaded for it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from airflow.sdk import BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_sky.errors import SpecError
+from airflow_sky.hooks.cluster import jobs_bucket_setting, remove_job_files
 from airflow_sky.operators.job_spec import JobSpec, job_confs, job_owner, secret_variable_key
 from airflow_sky.operators.provision import default_cluster_name
 from airflow_sky.operators.secrets import read_secrets
+from airflow_sky.task.jobs_bucket import checked_uploads_uri
 
 
 class SkyJobSpecOperator(BaseOperator):
@@ -37,6 +40,9 @@ class SkyJobSpecOperator(BaseOperator):
             # A pipeline's jobs run one after the other, each on a cluster of its own (as in SkyPilot).
             name = default_cluster_name(self.dag_id, context["run_id"], f"job{self.index + 1}")
             spec = dataclasses.replace(spec, cluster_name=name)
+        if spec.uploads is not None:
+            # A prefix this deployment could not remove at the end is refused before any node exists.
+            checked_uploads_uri(spec.uploads, jobs_bucket_setting(), context["run_id"], f"{source}: uploads")
         task = spec.load_task(read_secrets(spec))
         self.log.info(
             "Job %s: %d node(s) on %s, cluster %s (%s)",
@@ -71,3 +77,31 @@ class SkyForgetSecretsOperator(BaseOperator):
         for key in keys:
             Variable.delete(key)
         self.log.info("Deleted the Variables of %d secret(s)", len(keys))
+
+
+class SkyRemoveUploadsOperator(BaseOperator):
+    """Removes the files `jobs launch` uploaded for the run (its tasks' workdirs and local file_mounts, under
+    `<jobs bucket>/<run id>/`) once the run ended: a teardown task, so also after a failure or a cancel, and
+    idempotent. Reads the run conf itself; removes only this run's prefix of the deployment's own
+    `[sky] jobs_bucket` (a conf naming anything else fails this task and deletes nothing)."""
+
+    ui_color = "#e8eaf6"
+
+    def __init__(self, *, aws_conn_id: str | None = None, gcp_conn_id: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.aws_conn_id = aws_conn_id
+        self.gcp_conn_id = gcp_conn_id
+
+    def execute(self, context: Any) -> None:
+        try:
+            confs = job_confs(context["dag_run"].conf or {})
+        except SpecError:
+            confs = []
+        named = sorted({str(c["uploads"]) for c in confs if isinstance(c, dict) and c.get("uploads")})
+        if not named:
+            self.log.info("The run uploaded no files")
+            return
+        configured = jobs_bucket_setting()
+        prefixes = {checked_uploads_uri(uri, configured, context["run_id"]) for uri in named}
+        for prefix in sorted(prefixes):
+            remove_job_files(prefix, self.log.info, self.aws_conn_id, self.gcp_conn_id)

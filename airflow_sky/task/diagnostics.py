@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from airflow_sky.errors import SpecError
+from airflow_sky.errors import SkyError, SpecError
 
 PYTHON_SOURCE = "<python>"
 STRING_SOURCE = "<string>"
@@ -43,6 +43,19 @@ def show(value: Any) -> str:
 def one_line(text: str) -> str:
     """Collapse whitespace and newlines so a message stays on one line."""
     return " ".join(text.split())
+
+
+def known_fields(
+    value: Any, allowed: Sequence[str], where: str, shape: str, error: type[SkyError] = SpecError
+) -> dict[str, Any]:
+    """`value` as a mapping whose fields are all `allowed`; else `error` naming `where` and, for a value
+    that is no mapping, what it must be (`shape`). For settings and confs read from outside (YAML, JSON)."""
+    if not isinstance(value, Mapping):
+        raise error(f"{where}: must be {shape}")
+    unknown = sorted(str(key) for key in set(value) - set(allowed))
+    if unknown:
+        raise error(f"{where}: unknown field(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
+    return dict(value)
 
 
 def unknown_field_message(key: Any, allowed: Iterable[str]) -> str:

@@ -19,6 +19,7 @@ def clean_env(monkeypatch, tmp_path):
         "AIRFLOW_SKY_API_TOKEN",
         "AIRFLOW_CLI_TOKEN",
         "AIRFLOW_CLI_ENVIRONMENT",
+        "AIRFLOW_SKY_JOBS_BUCKET",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AIRFLOW_SKY_HOME", str(tmp_path / "sky"))
@@ -55,8 +56,19 @@ def test_a_config_file_with_an_unknown_api_field_is_refused_naming_it(clean_env)
         api_config()
 
 
-def test_a_task_with_a_local_workdir_is_refused_before_any_request(clean_env, monkeypatch):
+def test_a_task_with_a_local_workdir_is_refused_naming_the_jobs_bucket_setting_before_any_request(
+    clean_env, monkeypatch
+):
     monkeypatch.setenv("AIRFLOW_SKY_API_URL", "http://127.0.0.1:9")  # nothing listens: no request may be made
-    task = Task(run="true", workdir=str(clean_env), file_mounts={"/data": str(clean_env)})
-    with pytest.raises(SpecError, match=r"workdir .*file_mounts./data .*git workdir .* bucket"):
+    monkeypatch.delenv("AIRFLOW_SKY_JOBS_BUCKET", raising=False)
+    task = Task(
+        run="true",
+        workdir=str(clean_env),
+        file_mounts={"/data": str(clean_env), "/bucket": "s3://my-bucket/data"},
+    )
+    with pytest.raises(SpecError) as refused:
         managed_jobs.launch(task)
+    message = str(refused.value)
+    assert message.startswith(f"workdir ({clean_env}), file_mounts./data ({clean_env}): ")
+    assert "set jobs.bucket in ~/.airflow_sky/config.yaml (or AIRFLOW_SKY_JOBS_BUCKET)" in message
+    assert "s3://my-bucket" not in message  # a bucket file_mount is no local path

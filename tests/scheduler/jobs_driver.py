@@ -6,9 +6,15 @@ Runs inside a private network namespace (see stack.py). The scenario, as a user 
 2. `jobs launch train.yaml --secret TOKEN` (the value from the environment) follows the job's logs; the CLI is
    killed once every rank runs; a worker node is then preempted; `jobs queue` shows RECOVERING, then
    SUCCEEDED with one recovery; `jobs logs` shows both generations of every rank;
-3. `jobs launch --detach` of a long job, `jobs cancel` once it runs: CANCELLED, and no node left.
+3. `jobs launch --detach` of a long job (with a local workdir), `jobs cancel` once it runs: CANCELLED, no
+   node left, and its files gone from the jobs bucket;
+4. a pipeline runs its tasks in order; one longer than the DAG's slots is refused locally;
+5. `jobs launch` of a task with `workdir: .`, a local file and an s3:// file_mount: the CLI uploads the local
+   files to the jobs bucket (moto's S3 server, started here, in the namespace), every rank prints all three,
+   and the run's prefix is removed when it ends.
 
-Writes a JSON report: the CLI outputs, the statuses `jobs queue` showed, the runs' confs and Variables.
+Writes a JSON report: the CLI outputs, the statuses `jobs queue` showed, the runs' confs and Variables, and
+what the jobs bucket holds.
 Usage: jobs_driver.py CONFIG.json REPORT.json; CONFIG: {"home", "probe", "timeout_s"}.
 """
 
@@ -26,6 +32,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.s3server import S3Server
 from tests.scheduler.stack_driver import API, _exit_on_sigterm, _stack_env, _wait_for, stop_stack
 
 SKY = str(Path(sys.executable).parent / "airflow-sky")
@@ -51,6 +58,7 @@ run: |
 """
 LONG = """name: long
 num_nodes: 2
+workdir: .
 envs:
   PROBE: {probe}
 run: |
@@ -68,10 +76,27 @@ num_nodes: 2
 run: test -f "{probe}/prepared" && echo "$SKYPILOT_NODE_RANK" >> "{probe}/trained"
 """
 PIPELINE3 = PIPELINE + "---\nname: evaluate\nrun: echo eval\n"
+# Run from a directory of its own: `workdir: .` is that directory; the settings file lies next to it.
+FILES = """name: files
+num_nodes: 2
+workdir: .
+file_mounts:
+  ~/conf/settings.txt: ../settings.txt
+  ~/inputs: s3://inputs/data
+run: |
+  echo "rank $SKYPILOT_NODE_RANK workdir: $(cat message.txt)"
+  echo "rank $SKYPILOT_NODE_RANK file: $(cat ~/conf/settings.txt)"
+  echo "rank $SKYPILOT_NODE_RANK bucket: $(cat ~/inputs/data.txt)"
+  if [ -e debug.log ]; then echo "rank $SKYPILOT_NODE_RANK has debug.log"; fi
+"""
+JOBS_BUCKET, JOBS_PREFIX = "sky-jobs", "uploads"
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SKY, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    # stdin is no terminal (a test run from one must not be asked to confirm).
+    return subprocess.run(
+        [SKY, *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _queue(env: dict[str, str]) -> dict[str, str]:
@@ -100,13 +125,21 @@ def _until(what: str, check: Any, timeout_s: float, report: dict[str, Any], poll
     raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
-def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dict[str, Any]) -> None:
+def _uploaded(s3: S3Server, run_id: str) -> list[str]:
+    """The jobs bucket's objects of run `run_id`."""
+    return [k for k in s3.keys(JOBS_BUCKET) if k.startswith(f"{JOBS_PREFIX}/{run_id}/")]
+
+
+def scenario(
+    env: dict[str, str], probe: Path, client: httpx.Client, report: dict[str, Any], s3: S3Server
+) -> None:
     from airflow_sky.infra.local import daemon
     from airflow_sky.infra.local.cloud import LocalCloud
 
     (probe / "bad.yaml").write_text(BAD)
     (probe / "train.yaml").write_text(TRAIN.format(probe=probe))
-    (probe / "long.yaml").write_text(LONG.format(probe=probe))
+    (probe / "long").mkdir()
+    (probe / "long" / "long.yaml").write_text(LONG.format(probe=probe))
     (probe / "pipeline.yaml").write_text(PIPELINE.format(probe=probe))
     (probe / "pipeline3.yaml").write_text(PIPELINE3.format(probe=probe))
 
@@ -120,6 +153,7 @@ def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dic
         launcher = subprocess.Popen(
             [SKY, "jobs", "launch", str(probe / "train.yaml"), "--secret", "TOKEN", "-c", "managed-train"],
             env={**env, "TOKEN": SECRET},
+            stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -153,9 +187,12 @@ def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dic
     report["variables"] = [v["key"] for v in client.get("/api/v2/variables").json()["variables"]]
 
     # 3. A second job, detached, cancelled once it runs.
-    launched = _cli(env, "jobs", "launch", str(probe / "long.yaml"), "-c", "managed-long", "--detach")
+    launched = _cli(
+        env, "jobs", "launch", str(probe / "long" / "long.yaml"), "-c", "managed-long", "--detach"
+    )
     report["long_launch"] = launched.stdout + launched.stderr
     long_id = next(line.split()[2] for line in launched.stdout.splitlines() if line.startswith("Managed job"))
+    long_uploaded = _uploaded(s3, long_id)
     _until(
         "both ranks of the second job to run", lambda: len(_starts(probe, "long-starts")) >= 2, 300, report
     )
@@ -172,6 +209,9 @@ def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dic
     _until("the second job to be cancelled and its nodes gone", cancel_done, 300, report)
     report["long_statuses"] = statuses
     report["long_nodes_left"] = len(daemon.processes_with_marker("managed-long"))
+    report["long_uploaded"] = bool(long_uploaded)
+    # The cancelled run's teardown removes its files too (remove_uploads, a teardown task).
+    _until("the cancelled job's files to be removed", lambda: not _uploaded(s3, long_id), 180, report)
 
     # 4. A pipeline: its tasks in order in one run; one longer than the DAG's slots is refused locally.
     too_long = _cli(env, "jobs", "launch", str(probe / "pipeline3.yaml"), "--detach")
@@ -188,6 +228,25 @@ def scenario(env: dict[str, str], probe: Path, client: httpx.Client, report: dic
         report,
     )
     report["pipeline_trained"] = sorted(_starts(probe, "trained"))
+    # 5. Local files through the jobs bucket, and a bucket file_mount, on every rank.
+    code = probe / "code"
+    code.mkdir()
+    (code / "message.txt").write_text("hello from the workdir\n")
+    (code / ".gitignore").write_text("*.log\n")
+    (code / "debug.log").write_text("stays on this machine\n")
+    (code / "files.yaml").write_text(FILES)
+    (probe / "settings.txt").write_text("lr=0.1\n")
+    s3.client.put_object(Bucket="inputs", Key="data/data.txt", Body=b"from the inputs bucket\n")
+    files = _cli(env, "jobs", "launch", str(code / "files.yaml"), "-c", "managed-files", timeout=420)
+    report["files"] = {"rc": files.returncode, "output": files.stdout + files.stderr}
+    files_id = next(line.split()[2] for line in files.stdout.splitlines() if line.startswith("Managed job"))
+    report["files_conf"] = client.get(f"/api/v2/dags/airflow_sky_jobs/dagRuns/{files_id}").json()["conf"]
+    report["files_status"] = _queue(env).get(files_id)
+    logs = _cli(env, "jobs", "logs", files_id, "--no-follow")
+    report["files_logs"] = logs.stdout + logs.stderr
+    _until("the files job's uploads to be removed", lambda: not _uploaded(s3, files_id), 180, report)
+    report["files_left"] = _uploaded(s3, files_id)
+    report["jobs_bucket_left"] = s3.keys(JOBS_BUCKET)
     report["runs_total"] = client.get("/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
     report["clusters_left"] = [
         c for c in LocalCloud().clusters() if c.startswith(("managed-", "airflow-sky-jobs"))
@@ -201,7 +260,17 @@ def main(config_path: str, report_path: str) -> int:
     (home / "dags" / "airflow_sky_jobs.py").write_text(DAG_FILE)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     log = home / "standalone.log"
+    # The S3 API the jobs bucket lives on, in this namespace: the CLI, the workers and the nodes reach it.
+    s3 = S3Server().__enter__()
+    for bucket in (JOBS_BUCKET, "inputs"):
+        s3.client.create_bucket(Bucket=bucket)
     env = _stack_env(home)
+    env.update(
+        {
+            "AIRFLOW_CONN_AWS_DEFAULT": s3.connection,
+            "AIRFLOW__SKY__JOBS_BUCKET": f"s3://{JOBS_BUCKET}/{JOBS_PREFIX}",
+        }
+    )
     with log.open("wb") as out:
         stack = subprocess.Popen(
             [str(Path(sys.executable).parent / "airflow"), "standalone"],
@@ -228,12 +297,23 @@ def main(config_path: str, report_path: str) -> int:
         report["startup_s"] = time.monotonic() - started
         cli_env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_SKY_API")}
         cli_env.update({"AIRFLOW_SKY_API_URL": API, "AIRFLOW_HOME": str(home / "cli-home")})
-        scenario(cli_env, probe, client, report)
+        # The launching machine's side of the jobs bucket: its own setting and AWS credentials.
+        cli_env.update(
+            {
+                "AIRFLOW_SKY_JOBS_BUCKET": f"s3://{JOBS_BUCKET}/{JOBS_PREFIX}",
+                "AIRFLOW_SKY_JOBS_ENDPOINT_URL": s3.endpoint,
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1",
+            }
+        )
+        scenario(cli_env, probe, client, report, s3)
     except Exception as e:  # the report carries the failure to the test, with the stack's log
         report["error"] = f"{type(e).__name__}: {e}"
     finally:
         report["run_s"] = time.monotonic() - started
         stop_stack(stack)
+        s3.__exit__(None, None, None)
         Path(report_path).write_text(json.dumps(report, indent=2))
     return 0
 

@@ -1,7 +1,8 @@
 """Managed jobs on a real Airflow (`airflow standalone` in a private network namespace), through the CLI.
 
 See jobs_driver.py for the scenario: a bad task refused locally; a job launched from the CLI, the CLI killed,
-a node preempted, the job recovered by Airflow alone; a second job cancelled with nothing left running.
+a node preempted, the job recovered by Airflow alone; a second job cancelled with nothing left running; a
+pipeline; a job whose local workdir and file went through the jobs bucket (moto's S3 in the namespace).
 """
 
 from __future__ import annotations
@@ -65,7 +66,22 @@ def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelle
         assert report["pipeline3"]["rc"] != 0 and "pipeline_slots=3" in report["pipeline3"]["output"], context
         assert report["pipeline_status"] == "SUCCEEDED", context
         assert report["pipeline_trained"] == ["0", "1"], context
-        assert report["runs_total"] == 3, context  # train, long, the pipeline: nothing from the refused ones
+        # Local files through the jobs bucket: uploaded by the CLI (the workdir's .gitignore honoured), copied
+        # by every rank, next to an s3:// file_mount; the run's prefix removed at its end, and the cancelled
+        # job's too.
+        files = report["files"]["output"]
+        assert report["files"]["rc"] == 0 and report["files_status"] == "SUCCEEDED", context
+        assert "Uploaded 4 local file(s)" in files and "s3://sky-jobs/uploads/sky-job-" in files, context
+        for rank in (0, 1):
+            for line in ("workdir: hello from the workdir", "file: lr=0.1", "bucket: from the inputs bucket"):
+                assert f"rank {rank} {line}" in files, context
+        assert "has debug.log" not in files, context
+        conf = report["files_conf"]
+        assert "workdir" not in conf["task"] and conf["uploads"].startswith("s3://sky-jobs/uploads/"), context
+        assert conf["task"]["file_mounts"]["~/inputs"] == "s3://inputs/data", context
+        assert report["files_left"] == [] and report["jobs_bucket_left"] == [], context
+        assert report["long_uploaded"] is True, context
+        assert report["runs_total"] == 4, context  # train, long, pipeline, files: none from the refused ones
         assert daemon.processes_with_marker("managed-") == []
     finally:
         terminate_clusters("managed-")

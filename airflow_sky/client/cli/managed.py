@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console
+from rich.filesize import decimal
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
 from airflow_sky.errors import SpecError
@@ -32,6 +34,7 @@ def register(subparsers: Any) -> None:
     launch.add_argument("-n", "--name", help="override the task's name")
     launch.add_argument("--keep", action="store_true", help="keep the cluster after the job (default: down)")
     launch.add_argument("-d", "--detach", action="store_true", help="print the job id and return")
+    launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     add_task_overrides(launch)  # (with --env/--secret and their files)
     launch.set_defaults(handler=_launch)
 
@@ -56,29 +59,99 @@ def _launch(args: argparse.Namespace) -> int:
     from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
     from airflow_sky.task.pipeline import is_pipeline_file
 
+    def confirm(name: str) -> bool:
+        return _confirm_launch(args, name)
+
+    progress = UploadProgressBar(Console(stderr=True, highlight=False))
     # Checked here: a bad task never reaches Airflow.
-    if is_pipeline_file(args.file):
-        if args.cluster or args.num_nodes is not None:
-            raise SpecError(
-                "-c/--num-nodes: a pipeline's tasks each get a cluster of their own and name their node counts"
+    try:
+        if is_pipeline_file(args.file):
+            if args.cluster or args.num_nodes is not None:
+                raise SpecError(
+                    "-c/--num-nodes: a pipeline's tasks each get a cluster of their own and name their node counts"
+                )
+            pipeline = load_pipeline_args(args)
+            job_id = managed_jobs.launch(
+                pipeline, infra=args.infra, down=not args.keep, confirm=confirm, upload_progress=progress
             )
-        pipeline = load_pipeline_args(args)
-        job_id = managed_jobs.launch(pipeline, infra=args.infra, down=not args.keep)
-        what = f"pipeline {pipeline.name}, {len(pipeline.tasks)} tasks in order"
-    else:
-        # The deployed Airflow's workers run it: a key path of this machine means nothing there.
-        task = task_with_overrides(args, worker_is_here=False)
-        if args.name:
-            task.name = args.name
-        job_id = managed_jobs.launch(
-            task, infra=args.infra or task.resources.infra, cluster_name=args.cluster, down=not args.keep
-        )
-        what = f"{task.name or 'unnamed'}, {task.num_nodes} node(s)"
+            what = f"pipeline {pipeline.name}, {len(pipeline.tasks)} tasks in order"
+        else:
+            # The deployed Airflow's workers run it: a key path of this machine means nothing there.
+            task = task_with_overrides(args, worker_is_here=False)
+            if args.name:
+                task.name = args.name
+            job_id = managed_jobs.launch(
+                task,
+                infra=args.infra or task.resources.infra,
+                cluster_name=args.cluster,
+                down=not args.keep,
+                confirm=confirm,
+                upload_progress=progress,
+            )
+            what = f"{task.name or 'unnamed'}, {task.num_nodes} node(s)"
+    except managed_jobs.LaunchAborted:
+        print("Aborted.")
+        return 1
+    finally:
+        progress.close()
     print(f"Managed job {job_id} submitted ({what})", flush=True)
     if args.detach:
         print(f"Follow it with: airflow-sky jobs logs {job_id}")
         return 0
     return _follow(job_id, detach_hint=True)
+
+
+def _confirm_launch(args: argparse.Namespace, name: str) -> bool:
+    """`sky jobs launch`'s question, asked only on a terminal and without -y (a script is never stopped)."""
+    if args.yes or not sys.stdin.isatty():
+        return True
+    answer = input(f"Launching a managed job {name!r}. Proceed? [Y/n] ")
+    return answer.strip().lower() in ("", "y", "yes")
+
+
+class UploadProgressBar:
+    """The upload of a managed job's local files: a live bar (files and bytes) on a terminal, and one summary
+    line when it is done."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
+        self.uri = ""
+        self.files = self.size = self.files_done = 0
+
+    def started(self, uri: str, files: int, size: int) -> None:
+        self.uri, self.files, self.size = uri, files, size
+        if self.console.is_terminal:
+            self.bar = Progress(
+                TextColumn("Uploading local files to {task.fields[uri]}"),
+                BarColumn(),
+                TextColumn("{task.fields[done]}/{task.fields[files]} files"),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self.task = self.bar.add_task("upload", total=size, uri=uri, done=0, files=files)
+            self.bar.start()
+
+    def advanced(self, files: int, size: int) -> None:
+        self.files_done += files
+        if self.bar is not None and self.task is not None:
+            self.bar.update(self.task, advance=size, done=self.files_done)
+
+    def finished(self, seconds: float) -> None:
+        self.close()
+        self.console.print(
+            f"Uploaded {self.files} local file(s) ({decimal(self.size)}) to {self.uri} in {seconds:.1f}s "
+            "(removed when the job ends)",
+            soft_wrap=True,
+        )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 def _follow(job_id: str, detach_hint: bool) -> int:
