@@ -4,7 +4,8 @@ with rclone on real local nodes; real Airflow: `airflow dags test`).
 A spot job checkpoints to a mounted bucket, loses its head node, and resumes on the replacement from the
 last checkpoint; COPY fetches a bucket on every node with no object passing through the Airflow worker;
 named buckets are created (and uploaded, and deleted when not persistent); a mount whose uploads cannot
-finish fails the job naming the mount.
+finish fails the job naming the mount. Mounting `/checkpoint` on every node needs the nodes' own mount
+namespaces: root, as the README's test command runs (`airflow_sky.infra.local.daemon.isolation`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,6 @@ import pytest
 from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.cloud import LocalCloud
 from tests.s3server import S3Server
-
-pytestmark = pytest.mark.skipif(
-    daemon.isolation() is None, reason="mounts at absolute paths need the nodes' own mount namespaces (root)"
-)
 
 # Each rank trains MAX_STEPS steps and checkpoints every 5 to its own file in the mounted bucket; a rank
 # that finds a checkpoint starts after it.
