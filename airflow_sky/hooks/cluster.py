@@ -14,16 +14,23 @@ from typing import Any
 from airflow.sdk import BaseHook, conf
 from airflow.sdk.log import mask_secret
 
-from airflow_sky.errors import SkyError, SpecError
+from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.gang.phases import bucket_record, record_buckets
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
+from airflow_sky.infra.local.daemon import check_shared_mounts
 from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node import artifacts, buckets
 from airflow_sky.node.files import UploadResult, upload_task_files
 from airflow_sky.task import Task
-from airflow_sky.task.storage import BucketMount, bucket_mounts, default_store, has_bucket_mounts
+from airflow_sky.task.storage import (
+    BucketMount,
+    bucket_mounts,
+    default_store,
+    has_bucket_mounts,
+    shared_mount_paths,
+)
 
 # rclone options whose values are credentials: registered with Airflow's masker before any use.
 _SECRET_OPTIONS = ("secret_access_key", "session_token", "service_account_credentials", "token")
@@ -36,7 +43,7 @@ def task_buckets(task: Task, infra: str | None) -> list[BucketMount]:
     infra = infra or task.resources.infra or "local"
     mounts = bucket_mounts(task, default_store(infra, configured))
     if infra == "local":
-        _check_local_mounts(mounts)
+        check_shared_mounts(shared_mount_paths(mounts))
     return mounts
 
 
@@ -52,22 +59,6 @@ def remove_job_files(
     """Delete the objects below `uri` (a checked run prefix: task.jobs_bucket.checked_uploads_uri) with the
     Airflow connection of its store; returns how many."""
     return buckets.delete_prefix(uri, log, aws_conn_id, gcp_conn_id)
-
-
-def _check_local_mounts(mounts: Sequence[BucketMount]) -> None:
-    """Local nodes share this machine's filesystem: two of them can mount one absolute path only from
-    mount namespaces of their own (root, or user namespaces)."""
-    shared = [m.destination for m in mounts if m.mode != "COPY" and not m.destination.startswith("~")]
-    if not shared:
-        return
-    from airflow_sky.infra.local.daemon import isolation
-
-    if isolation() is None:
-        raise SpecError(
-            f"file_mounts.{shared[0]}: local nodes run without mount namespaces of their own here (not "
-            "root, no user namespaces), so they cannot each mount the same absolute path; mount it under "
-            f"the node's home instead (file_mounts.~/{shared[0].strip('/')})"
-        )
 
 
 class SkyClusterHook(BaseHook):

@@ -173,6 +173,12 @@ def _check_bucket_name(field: str, name: str) -> None:
         )
 
 
+def shared_mount_paths(mounts: list[BucketMount]) -> list[str]:
+    """Destinations every node mounts at one absolute path (outside its home): on one machine's filesystem
+    (local nodes) that needs a mount namespace per node."""
+    return [m.destination for m in mounts if m.mode != COPY and not m.destination.startswith("~")]
+
+
 def mount_notes(mounts: list[BucketMount]) -> list[str]:
     """What airflow-sky does with these mounts where a SkyPilot user might expect otherwise (said once, at
     check and launch)."""

@@ -135,3 +135,20 @@ def test_only_tasks_with_a_bucket_pay_for_reading_the_jobs_bucket_record():
     assert has_bucket_mounts(Task(run="x", file_mounts={"~/a": "gs://data"}))
     assert has_bucket_mounts(Task(run="x", file_mounts={"~/a": {"name": "ckpt"}}))
     assert has_bucket_mounts(Task(run="x", file_mounts={"~/a": {"source": "s3://d/x", "mode": "MOUNT"}}))
+
+
+def test_the_clis_bucket_check_loads_no_airflow_before_the_engine_configures_it(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "t.yaml"
+    path.write_text("run: echo hi\nfile_mounts:\n  /ckpt: {name: ckpt-x, store: s3, persistent: false}\n")
+    code = (
+        "import sys, argparse; from airflow_sky.client.cli.common import check_buckets; "
+        "from airflow_sky import Task; "
+        f"check_buckets(Task.from_yaml({str(path)!r}), 'local', fatal=False); "
+        "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

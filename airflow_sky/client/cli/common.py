@@ -127,12 +127,15 @@ def check_git_workdir(task: Task) -> None:
 def check_buckets(task: Task, infra: str, *, fatal: bool = True) -> None:
     """The task's bucket mounts on `infra`, checked before anything starts; where airflow-sky's behaviour
     differs from SkyPilot's, one note each on stderr. With `fatal=False` (check), a mount that a launch on
-    `infra` would refuse is a note too."""
-    from airflow_sky.hooks.cluster import task_buckets
-    from airflow_sky.task.storage import mount_notes
+    `infra` would refuse is a note too. Airflow is not loaded here (the engine configures it later): the
+    default store comes from AIRFLOW__SKY__DEFAULT_STORE, as the DAG's tasks read `[sky] default_store`."""
+    from airflow_sky.infra.local.daemon import check_shared_mounts
+    from airflow_sky.task.storage import bucket_mounts, default_store, mount_notes, shared_mount_paths
 
     try:
-        mounts = task_buckets(task, infra)
+        mounts = bucket_mounts(task, default_store(infra, os.environ.get("AIRFLOW__SKY__DEFAULT_STORE")))
+        if infra.split("/", 1)[0] == "local":
+            check_shared_mounts(shared_mount_paths(mounts))
     except SpecError as e:
         if fatal:
             raise

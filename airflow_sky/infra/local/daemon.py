@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from airflow_sky.errors import ClusterError
+from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra.local import layout
 
 
@@ -86,6 +86,18 @@ def isolation() -> list[str] | None:
                 _isolation = prefix
                 break
     return _isolation
+
+
+def check_shared_mounts(destinations: Iterable[str]) -> None:
+    """Local nodes share this machine's filesystem: each can mount the same absolute path only from a mount
+    namespace of its own (root, or user namespaces). Raises SpecError naming the mount otherwise."""
+    shared = list(destinations)
+    if shared and isolation() is None:
+        raise SpecError(
+            f"file_mounts.{shared[0]}: local nodes run without mount namespaces of their own here (not "
+            "root, no user namespaces), so they cannot each mount the same absolute path; mount it under "
+            f"the node's home instead (file_mounts.~/{shared[0].strip('/')})"
+        )
 
 
 def spawn_server(node_dir: Path, node_marker: str) -> int:
