@@ -36,7 +36,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import header, restored_env, run_task  # bench/common.py (the script's own folder)
+from common import (  # bench/common.py (the script's own folder)
+    header,
+    private_homes,
+    restored_env,
+    run_task,
+    terminate_local,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "true"
@@ -359,13 +365,7 @@ def main() -> None:
     saved_env = dict(os.environ)  # bench/run_all.py runs the next benchmark in this process
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp, restored_env(saved_env):
         state = Path(tmp)
-        # Never the user's ~/airflow or ~/.airflow_sky; the child processes inherit these.
-        os.environ["AIRFLOW_HOME"] = str(state / "airflow")
-        os.environ["AIRFLOW_SKY_HOME"] = str(state / "sky-home")
-        os.environ["AIRFLOW_SKY_LOCAL_ROOT"] = str(state / "local")
-        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = (
-            "WARNING"  # the tasks' info lines stay out of the output
-        )
+        private_homes(state)  # the child processes inherit it
         from airflow_sky.infra.base import ProvisionRequest
         from airflow_sky.infra.local.cloud import LocalCloud
         from airflow_sky.infra.registry import open_cluster
@@ -380,12 +380,7 @@ def main() -> None:
             for n in sizes:
                 bench_size(cluster, nodes, n, args.repeats, args.workers, state)
         finally:
-            cloud.terminate(name)
-            from airflow_sky.infra.local import daemon
-
-            left = daemon.processes_with_marker(name)
-            if left:
-                print(f"WARNING: {len(left)} node processes left behind: {[p.pid for p in left]}")
+            terminate_local(cloud, name)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,17 @@ import shlex
 import statistics
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from common import header, restored_env, run_task  # bench/common.py (the script's own folder)
+from common import (  # bench/common.py (the script's own folder)
+    header,
+    private_homes,
+    restored_env,
+    run_task,
+    terminate_local,
+    timed,
+)
 
 
 def _tool_versions() -> str:
@@ -49,12 +53,6 @@ def make_workdir(path: Path, files: int, big_mb: int) -> None:
         (data / f"shard{j}.bin").write_bytes(os.urandom(big_mb * 1024 * 1024 // 5))
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -68,13 +66,7 @@ def main() -> None:
     saved_env = dict(os.environ)  # bench/run_all.py runs the next benchmark in this process
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp, restored_env(saved_env):
         state = Path(tmp)
-        # Never the user's ~/airflow or ~/.airflow_sky.
-        os.environ["AIRFLOW_HOME"] = str(state / "airflow")
-        os.environ["AIRFLOW_SKY_HOME"] = str(state / "sky-home")
-        os.environ["AIRFLOW_SKY_LOCAL_ROOT"] = str(state / "local")
-        os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = (
-            "WARNING"  # the tasks' info lines stay out of the output
-        )
+        private_homes(state)
         from airflow_sky.gang.phases import register_job
         from airflow_sky.infra.base import ProvisionRequest
         from airflow_sky.infra.local.cloud import LocalCloud
@@ -177,12 +169,7 @@ def main() -> None:
         finally:
             for c in admin:
                 c.close()
-            cloud.terminate(name)
-            from airflow_sky.infra.local import daemon
-
-            left = daemon.processes_with_marker(name)
-            if left:
-                print(f"WARNING: {len(left)} node processes left behind: {[p.pid for p in left]}")
+            terminate_local(cloud, name)
 
 
 if __name__ == "__main__":

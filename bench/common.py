@@ -1,4 +1,5 @@
-"""What every benchmark script shares: the machine line, the header, env restore, running an operator."""
+"""What every benchmark script shares: the machine line, the header, private homes and env restore, a local
+cluster's teardown, timing, running an operator."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,32 @@ def restored_env(saved: dict[str, str]) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def private_homes(state: Path) -> None:
+    """Airflow's and airflow-sky's state under `state`, never the user's ~/airflow or ~/.airflow_sky (child
+    processes inherit it); the tasks' info lines stay out of the output. Undo with restored_env."""
+    os.environ["AIRFLOW_HOME"] = str(state / "airflow")
+    os.environ["AIRFLOW_SKY_HOME"] = str(state / "sky-home")
+    os.environ["AIRFLOW_SKY_LOCAL_ROOT"] = str(state / "local")
+    os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
+
+
+def terminate_local(cloud: Any, name: str) -> None:
+    """Terminate the benchmark's local cluster; warn about any node process left behind."""
+    cloud.terminate(name)
+    from airflow_sky.infra.local import daemon
+
+    left = daemon.processes_with_marker(name)
+    if left:
+        print(f"WARNING: {len(left)} node processes left behind: {[p.pid for p in left]}")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Wall-clock seconds of `fn()`."""
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
 def run_task(op: Any) -> Any:

@@ -132,21 +132,19 @@ fi
 command -v rclone >/dev/null 2>&1 || { echo "rclone is not installed and could not be installed (apt-get install rclone fuse3)" >&2; exit 3; }"""
 
 # sky_forget KEY...: stop and forget the node's mounts that are not among KEY... (an earlier task's).
-# sky_copy DEST SOURCE SHOWN URI: rclone copy with parallel transfers (copyto for one object), then a summary line.
+# sky_copy DEST SOURCE SHOWN URI: rclone copyto (a folder or one object) with parallel transfers, then a summary line.
 # sky_mount DEST SOURCE KEY SHOWN URI FLAGS...: an rclone mount with its own rc port, waited for.
 _FUNCTIONS = f"""\
 sky_copy() {{
   if mountpoint -q "$1" 2>/dev/null; then sky_unmount "$1"; fi
-  # A source that is one object (not a folder) lands at the destination itself, as SkyPilot copies a file
-  # URI; `rclone copy` would put it in a directory of that name.
-  if rclone lsjson --stat "$2" --config {CONFIG} 2>/dev/null | grep -q '"IsDir": *false'; then
-    verb=copyto; mkdir -p "$(dirname "$1")"
-  else
-    verb=copy; mkdir -p "$1"
-  fi
-  if ! out=$(rclone $verb "$2" "$1" --config {CONFIG} --transfers {COPY_TRANSFERS} --checkers {COPY_TRANSFERS} --fast-list --log-level ERROR 2>&1); then
+  # copyto: a source that is one object (not a folder) lands at the destination itself, as SkyPilot copies a
+  # file URI (`rclone copy` would put it in a directory of that name); a folder it copies exactly as `copy`.
+  # No stat first: that was one more rclone start and request per node (0.3 s here).
+  mkdir -p "$(dirname "$1")"
+  if ! out=$(rclone copyto "$2" "$1" --config {CONFIG} --transfers {COPY_TRANSFERS} --checkers {COPY_TRANSFERS} --fast-list --log-level ERROR 2>&1); then
     echo "file_mounts.$3: copying $4 to $1 on rank @RANK@ failed: $(printf '%s' "$out" | tail -n 5)" >&2; return 1
   fi
+  [ -e "$1" ] || mkdir -p "$1"  # an empty folder copies nothing: the destination is an empty directory
   echo "copied $3 $(find "$1" -type f -printf '%s\\n' | awk '{{n++; s+=$1}} END {{print n+0, s+0}}')"
 }}
 sky_unmount() {{

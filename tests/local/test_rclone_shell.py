@@ -83,20 +83,20 @@ def test_a_failed_flush_fails_a_script_that_succeeded_and_keeps_a_real_failure(t
         assert "file_mounts./checkpoint (s3://ckpt): the mount's rclone is gone" in (gen / "log").read_text()
 
 
-def test_attach_installs_a_private_config_and_leaves_mounted_files_world_readable(tmp_path):
-    # Only COPY runs here (a mount needs FUSE): `rclone copy` is the stand-in writing one file.
+def _attach(
+    tmp_path: Path, fake_rclone: str, source: str = "shard"
+) -> tuple[Path, subprocess.CompletedProcess[bytes]]:
+    """The attach script of one COPY mount (~/data) run in bash, `fake_rclone` standing in for rclone."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "rclone").write_text(
-        '#!/bin/bash\n[ "$1" = copy ] && mkdir -p "$3" && echo data > "$3/obj.bin"\n'
-    )
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "rclone").write_text(fake_rclone)
     (bin_dir / "rclone").chmod(0o755)
     for tool in ("fusermount3", "mountpoint"):
         (bin_dir / tool).write_text("#!/bin/bash\nexit 1\n")
         (bin_dir / tool).chmod(0o755)
     home = tmp_path / "home"
     home.mkdir()
-    mounts = [BucketMount("~/data", "s3", "src-data", "shard", mode="COPY")]
+    mounts = [BucketMount("~/data", "s3", "src-data", source, mode="COPY")]
     script = rclone.attach_script(mounts, rank=0, plain_http=True)
     config = rclone.config_text({"sky-s3": {"type": "s3", "secret_access_key": "s3cr3t"}})
     buffer = io.BytesIO()
@@ -110,6 +110,14 @@ def test_attach_installs_a_private_config_and_leaves_mounted_files_world_readabl
         env={"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", "AWS_CA_BUNDLE": "/x"},
         capture_output=True,
         timeout=60,
+    )
+    return home, done
+
+
+def test_attach_installs_a_private_config_and_leaves_mounted_files_world_readable(tmp_path):
+    # Only COPY runs here (a mount needs FUSE): `rclone copyto` of a folder is the stand-in writing one file.
+    home, done = _attach(
+        tmp_path, '#!/bin/bash\n[ "$1" = copyto ] && mkdir -p "$3" && echo data > "$3/obj.bin"\n'
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode().split() == [
@@ -125,6 +133,20 @@ def test_attach_installs_a_private_config_and_leaves_mounted_files_world_readabl
     assert parsed["sky-s3"]["secret_access_key"] == "s3cr3t"
     assert stat.S_IMODE((home / "data" / "obj.bin").stat().st_mode) & 0o044 == 0o044
     assert os.access(home / ".airflow_sky" / "mounts" / "flush", os.X_OK)
+
+
+def test_copy_of_an_empty_folder_leaves_an_empty_directory_and_one_object_lands_at_the_destination(tmp_path):
+    # rclone copyto creates nothing for a folder without objects, and writes one object at the path itself.
+    home, done = _attach(tmp_path / "empty", '#!/bin/bash\n[ "$1" = copyto ]\n')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().split() == ["copied", "~/data", "0", "0"]
+    assert (home / "data").is_dir() and not any((home / "data").iterdir())
+    home, done = _attach(
+        tmp_path / "one", '#!/bin/bash\n[ "$1" = copyto ] && echo "{}" > "$3"\n', source="conf.json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().split() == ["copied", "~/data", "1", "3"]
+    assert (home / "data").read_text() == "{}\n"
 
 
 def test_detach_removes_the_mounts_state_and_the_credentials(tmp_path):
