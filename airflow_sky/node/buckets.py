@@ -84,7 +84,7 @@ def _s3_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
     endpoint = config.get_service_endpoint_url("s3") if hasattr(config, "get_service_endpoint_url") else None
     endpoint = endpoint or config.endpoint_url
     options = {"type": "s3", "provider": "Other" if endpoint else "AWS"}
-    region = hook.conn_region_name
+    region = config.region_name or hook.conn_region_name  # (the latter builds a whole client)
     if region:
         options["region"] = region
     if endpoint:
