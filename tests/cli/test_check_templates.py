@@ -69,12 +69,12 @@ def test_check_with_every_value_given_prints_no_note(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = template(tmp_path)
-    argv = ["check", str(path), "--env", "BUCKET=b", "--env", "STORE=s3", "--env", "WANDB_PROJECT=p"]
+    argv = ["check", str(path), "--env", "BUCKET=bkt", "--env", "STORE=s3", "--env", "WANDB_PROJECT=p"]
     assert main([*argv, "--secret", "WANDB_API_KEY=k"]) == 0
     out, err = capsys.readouterr()
     assert "note:" not in err
     printed = yaml.safe_load(out)
-    assert printed["file_mounts"] == {"/data": "s3://b/data", "/ckpt": {"name": "b", "store": "s3"}}
+    assert printed["file_mounts"] == {"/data": "s3://bkt/data", "/ckpt": {"name": "bkt", "store": "s3"}}
     assert printed["secrets"] == {"HF_TOKEN": "<redacted>", "WANDB_API_KEY": "<redacted>"}
 
 

@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     needs = launch_needs(task, args.file)
     if needs is not None:
         print(f"airflow-sky: note: {needs}", file=sys.stderr)
-    check_buckets(task, task.resources.infra or "local", fatal=False)
+    if needs is None:  # a template's buckets are checked once their names are given
+        check_buckets(task, task.resources.infra or "local", fatal=False)
     return 0
 
 
