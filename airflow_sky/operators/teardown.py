@@ -26,19 +26,24 @@ class SkyTeardownOperator(SkyBaseOperator):
     def execute(self, context: Any) -> None:
         self.mask_secrets()  # (and a managed job's spec adopted: whether the cluster goes down)
         handle = self.handle()
-        # Before the nodes go (or stay): their mounts' uploads finish, the mounts and credentials go, and
-        # the buckets this job created for `persistent: false` mounts are deleted.
-        self.hook(handle).release_buckets(handle, self.sky_task, self.log.info)
+        hook = self.hook(handle)
         if not self.down:
             self._cancel_an_unfollowed_job(handle)
+            # The job has ended: its mounts' uploads finish, the mounts and their credentials go, and the
+            # buckets it created for `persistent: false` mounts are deleted; the nodes stay.
+            hook.release_buckets(handle, self.sky_task, self.log.info)
             self.log.info(
                 "Keeping cluster %s (down=False); stop it with: airflow-sky down %s",
                 handle.cluster_name,
                 handle.cluster_name,
             )
             return
-        self.log.info("Tearing down cluster %s (%d nodes)", handle.cluster_name, len(handle.nodes))
-        self.hook(handle).terminate()
+        try:
+            hook.release_buckets(handle, self.sky_task, self.log.info)  # before the nodes go
+        finally:
+            # A bucket that could not be deleted fails this task, never keeps the nodes.
+            self.log.info("Tearing down cluster %s (%d nodes)", handle.cluster_name, len(handle.nodes))
+            hook.terminate()
 
     def _cancel_an_unfollowed_job(self, handle: JobHandle) -> None:
         """On a kept cluster, a job that has not ended by now has nobody left to follow it (launch or a follow
