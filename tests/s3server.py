@@ -3,6 +3,9 @@ each kind of client: rclone on the nodes, or anything else (boto3/s3fs on an Air
 
 The count is how the tests prove that no object passes through the worker: every client announces itself
 in its User-Agent (rclone: `rclone/v1.60`; botocore and s3fs: `Boto3/...`, `aiobotocore/...`).
+
+moto keeps its buckets per process, not per server: the test files an xdist worker runs one after another
+see each other's buckets. Each file uses bucket names of its own.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from airflow_sky.task import Task
 from airflow_sky.task.jobs_bucket import JobsBucket, translate_local_paths
 from tests.s3server import S3Server
 
-JOBS_BUCKET = "s3://sky-jobs/uploads"
+JOBS_BUCKET = "s3://sky-jobs-dags/uploads"  # this file's own bucket: moto shares a process's buckets
 OTHER_RUN = "sky-job-20261203-000000-0ther0"  # another run's files, which must survive every run here
 SOURCE = """
 import json
@@ -52,8 +52,10 @@ true
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
     with S3Server() as server:
-        server.client.create_bucket(Bucket="sky-jobs")
-        server.client.put_object(Bucket="sky-jobs", Key=f"uploads/{OTHER_RUN}/workdir/keep.py", Body=b"kept")
+        server.client.create_bucket(Bucket="sky-jobs-dags")
+        server.client.put_object(
+            Bucket="sky-jobs-dags", Key=f"uploads/{OTHER_RUN}/workdir/keep.py", Body=b"kept"
+        )
         yield server
 
 
@@ -112,7 +114,7 @@ def test_a_managed_run_copies_its_uploads_to_every_node_and_removes_only_its_own
     run_uri = bucket.run_uri(run_id)
     translated, uploads = translate_local_paths(task, run_uri)
     upload(S3Store(JobsBucketConfig(bucket, s3.endpoint)), files_to_upload(bucket, uploads), run_uri)
-    assert len(s3.keys("sky-jobs")) == 4  # train.py, .gitignore, settings.json, and the other run's
+    assert len(s3.keys("sky-jobs-dags")) == 4  # train.py, .gitignore, settings.json, and the other run's
     conf = JobSpec(
         task=translated.to_dict(), secrets={}, cluster_name="mupl-c", uploads=run_uri
     ).to_run_conf()
@@ -125,7 +127,7 @@ def test_a_managed_run_copies_its_uploads_to_every_node_and_removes_only_its_own
         assert (probe / f"settings-{rank}").read_text() == '{"lr": 0.1}\n'
         assert not (probe / f"ignored-{rank}").exists()
     assert f"removed {run_uri}/ (3 object(s))" in output
-    assert s3.keys("sky-jobs") == [f"uploads/{OTHER_RUN}/workdir/keep.py"]
+    assert s3.keys("sky-jobs-dags") == [f"uploads/{OTHER_RUN}/workdir/keep.py"]
     assert daemon.processes_with_marker("mupl-c") == []
 
 
@@ -140,4 +142,4 @@ def test_a_conf_naming_another_runs_prefix_fails_before_any_node_and_deletes_not
     assert rc != 0
     assert f"uploads: {JOBS_BUCKET}/{OTHER_RUN} is not this run's prefix" in output, output[-6000:]
     assert "starting task_id=job.provision" not in output
-    assert f"uploads/{OTHER_RUN}/workdir/keep.py" in s3.keys("sky-jobs")
+    assert f"uploads/{OTHER_RUN}/workdir/keep.py" in s3.keys("sky-jobs-dags")
