@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.s3server import S3Server
-from tests.scheduler.stack_driver import API, _exit_on_sigterm, _stack_env, _wait_for, stop_stack
+from tests.scheduler.stack_driver import API, _exit_on_sigterm, _get, _stack_env, _wait_for, stop_stack
 
 SKY = str(Path(sys.executable).parent / "airflow-sky")
 SECRET = "managed-s3cr3t-value"
@@ -145,7 +145,7 @@ def scenario(
 
     bad = _cli(env, "jobs", "launch", str(probe / "bad.yaml"))
     report["bad"] = {"rc": bad.returncode, "output": bad.stdout + bad.stderr}
-    report["runs_after_bad"] = client.get("/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
+    report["runs_after_bad"] = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
 
     # 2. Launch and follow; kill the CLI once every rank runs; preempt rank 1.
     out_path = probe / "launch.out"
@@ -166,7 +166,7 @@ def scenario(
         line.split()[2] for line in report["launch_output"].splitlines() if line.startswith("Managed job")
     )
     report["train_job"] = job_id
-    run = client.get(f"/api/v2/dags/airflow_sky_jobs/dagRuns/{job_id}").json()
+    run = _get(client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{job_id}").json()
     report["train_conf"] = run["conf"]
     (probe / "launched").write_text("")
     LocalCloud().preempt("managed-train", 1)
@@ -184,7 +184,7 @@ def scenario(
     logs = _cli(env, "jobs", "logs", job_id, "--no-follow")
     report["train_logs"] = logs.stdout + logs.stderr
     report["train_starts"] = _starts(probe, "starts")
-    report["variables"] = [v["key"] for v in client.get("/api/v2/variables").json()["variables"]]
+    report["variables"] = [v["key"] for v in _get(client, "/api/v2/variables").json()["variables"]]
 
     # 3. A second job, detached, cancelled once it runs.
     launched = _cli(
@@ -240,14 +240,14 @@ def scenario(
     files = _cli(env, "jobs", "launch", str(code / "files.yaml"), "-c", "managed-files", timeout=420)
     report["files"] = {"rc": files.returncode, "output": files.stdout + files.stderr}
     files_id = next(line.split()[2] for line in files.stdout.splitlines() if line.startswith("Managed job"))
-    report["files_conf"] = client.get(f"/api/v2/dags/airflow_sky_jobs/dagRuns/{files_id}").json()["conf"]
+    report["files_conf"] = _get(client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{files_id}").json()["conf"]
     report["files_status"] = _queue(env).get(files_id)
     logs = _cli(env, "jobs", "logs", files_id, "--no-follow")
     report["files_logs"] = logs.stdout + logs.stderr
     _until("the files job's uploads to be removed", lambda: not _uploaded(s3, files_id), 180, report)
     report["files_left"] = _uploaded(s3, files_id)
     report["jobs_bucket_left"] = s3.keys(JOBS_BUCKET)
-    report["runs_total"] = client.get("/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
+    report["runs_total"] = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
     report["clusters_left"] = [
         c for c in LocalCloud().clusters() if c.startswith(("managed-", "airflow-sky-jobs"))
     ]

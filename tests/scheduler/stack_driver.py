@@ -155,7 +155,7 @@ def _run_batch(
     while time.monotonic() < deadline:
         for run in runs:
             if run["state"] not in ("success", "failed"):
-                run["state"] = client.get(f"/api/v2/dags/{run['dag_id']}/dagRuns/{run['run_id']}").json()[
+                run["state"] = _get(client, f"/api/v2/dags/{run['dag_id']}/dagRuns/{run['run_id']}").json()[
                     "state"
                 ]
         if all(run["state"] in ("success", "failed") for run in runs):
@@ -199,20 +199,18 @@ def main(config_path: str, report_path: str) -> int:
             log,
         )
         report["startup_s"] = time.monotonic() - started
-        triggered = client.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None})
-        triggered.raise_for_status()
-        run_id = triggered.json()["dag_run_id"]
+        run_id = _trigger(client, dag_id)
         run_started = time.monotonic()
         preempt = config.get("preempt")
         deadline = run_started + float(config.get("timeout_s", 420))
         state = "queued"
         seen_states: set[tuple[str, str]] = set()  # (task_id, state) sampled while the run went on
         while time.monotonic() < deadline:
-            state = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
+            state = _get(client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
             if state in ("success", "failed"):
                 break
-            sample = client.get(
-                f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100}
+            sample = _get(
+                client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100}
             )
             tis = sample.json()["task_instances"]
             seen_states.update((ti["task_id"], str(ti["state"])) for ti in tis)
@@ -227,15 +225,16 @@ def main(config_path: str, report_path: str) -> int:
         report["state"] = state
         report["seen_states"] = sorted(seen_states)
         report["run_s"] = time.monotonic() - run_started
-        tis = client.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        tis = _get(client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
         report["task_instances"] = [
             {k: ti.get(k) for k in ("task_id", "map_index", "state", "start_date", "end_date", "try_number")}
             for ti in tis.json()["task_instances"]
         ]
         xcom_task = config.get("xcom_task_id")
         if xcom_task:
-            entry = client.get(
-                f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{xcom_task}/xcomEntries/return_value"
+            entry = _get(
+                client,
+                f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{xcom_task}/xcomEntries/return_value",
             )
             report["xcom"] = entry.json().get("value") if entry.status_code == 200 else None
     except Exception as e:  # the report carries the failure to the test, with the stack's log
