@@ -2,10 +2,16 @@
 
 A fault the recovery policy relaunches leaves a claim in the job state (gang.state.claim_relaunch). Every
 run follower that sees it calls `follow_relaunch`: one of them becomes the leader by compare-and-swap and
-does the work; the others wait for the new generation. A leader sends heartbeats; one that goes silent
-(its task was killed, its worker died) is taken over, and every step of the work is idempotent (starts per
-generation, replacement of whatever is down, setup on whatever was replaced), so the new leader finishes
-what the old one began. A retried leader task has the same owner name and resumes its own claim at once.
+does the work; the others wait for the new generation. Taking the lead issues a fencing token (the job
+state's next `fences`). The leader renews by moving a counter; a follower that sees the counter stand
+still for LEADER_LEASE_S on its own monotonic clock takes over with a newer token (gang.lease: no time one
+machine wrote is compared with another's clock). Every step of the leader that changes the cluster
+(killing the old generation, replacing a node, setting a replacement up, starting the new generation,
+recording it) first passes its token through the job state by compare-and-swap (`Fence.check`), which
+refuses it once a newer leader exists: a leader that was paused, or whose writes stopped landing, stops at
+its next step and follows instead. Every step is idempotent (starts per generation, replacement of
+whatever is down, setup on whatever was replaced), so the new leader finishes what the old one began. A
+retried leader task has the same owner name and resumes its own claim at once, with a new token.
 
 Same SKYPILOT_TASK_ID, new SKYPILOT_NODE_IPS, and AIRFLOW_SKY_RECOVERY_COUNT = the new generation.
 """
@@ -13,6 +19,7 @@ Same SKYPILOT_TASK_ID, new SKYPILOT_NODE_IPS, and AIRFLOW_SKY_RECOVERY_COUNT = t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +27,7 @@ from collections.abc import Callable
 from airflow_sky.errors import ClusterError, JobFailed, RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus
+from airflow_sky.gang.lease import LeaseObserver
 from airflow_sky.gang.phases import BUCKETS_INFO_KEY, phase_env
 from airflow_sky.gang.watcher import kill_ranks, parallel
 from airflow_sky.infra.base import Node, NodeStatus
@@ -51,6 +59,35 @@ def current_handle(handle: JobHandle, state: js.JobState | None) -> JobHandle:
     return dataclasses.replace(handle, nodes=job_nodes(handle, state), generation=state.generation)
 
 
+class LeadLost(Exception):
+    """A newer leader took over this relaunch: this one stops changing the cluster and follows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """A leader's fencing token, passed through the job state before each step that changes the cluster."""
+
+    states: js.JobStates
+    job_id: int
+    token: int
+
+    def check(self, step: str) -> None:
+        """Renew the lead and allow `step`; raises LeadLost (or JobFailed when the job ended) otherwise."""
+        state, allowed = self.states.update(self.job_id, lambda s: js.fenced(s, self.token))
+        if allowed:
+            return
+        if state.status.is_terminal:
+            raise JobFailed(
+                f"job {self.job_id} is {state.status.value}: the relaunch stops before {step}",
+                status="CANCELLED" if state.cancelled else state.status.value,
+            )
+        leader = state.relaunch.leader if state.relaunch else None
+        raise LeadLost(
+            f"Refused to {step}: the job state names a newer leader of the relaunch ({leader or 'none'}, "
+            f"token {state.relaunch.fence if state.relaunch else '-'}; this one held token {self.token})"
+        )
+
+
 def follow_relaunch(
     cluster: Cluster,
     states: js.JobStates,
@@ -65,6 +102,7 @@ def follow_relaunch(
     Raises JobFailed when the job ended instead (cancelled, or the relaunch failed).
     """
     announced = False
+    leader_lease = LeaseObserver(js.LEADER_LEASE_S)
     while True:
         state = states.require(handle.job_id)
         if state.status.is_terminal:
@@ -74,12 +112,29 @@ def follow_relaunch(
             )
         if state.generation > generation and state.relaunch is None:
             return state
-        if state.relaunch is not None:
-            state, won = states.update(handle.job_id, lambda s: js.lead_relaunch(s, owner, time.time()))
-            if won or (state.relaunch is not None and state.relaunch.leader == owner):
-                return _lead(cluster, states, task, handle, state, owner, log)
-            if not announced:
-                log(f"Waiting for the relaunch led by {state.relaunch.leader if state.relaunch else '?'}")
+        claim = state.relaunch
+        if claim is not None:
+            free = claim.leader in (None, owner)
+            lapsed = not free and leader_lease.lapsed(claim.lease)
+            if free or lapsed:
+                stale = claim.lease if lapsed else None
+                state, won = states.update(
+                    handle.job_id, functools.partial(js.lead_relaunch, leader=owner, stale=stale)
+                )
+                if won and state.relaunch is not None:
+                    if lapsed:
+                        log(
+                            f"Taking over the relaunch from {claim.leader}: its lease stood still for "
+                            f"{leader_lease.quiet_for():.0f}s (token {state.relaunch.fence} now)"
+                        )
+                    try:
+                        return _lead(cluster, states, task, handle, state, owner, log)
+                    except LeadLost as e:
+                        log(f"{e}; following the new leader")
+                        announced = False
+                        continue
+            if not announced and state.relaunch is not None and state.relaunch.leader not in (None, owner):
+                log(f"Waiting for the relaunch led by {state.relaunch.leader}")
                 announced = True
         time.sleep(WAIT_POLL_S)
 
@@ -94,18 +149,26 @@ def _lead(
     log: Callable[[str], None],
 ) -> js.JobState:
     claim = state.relaunch
-    assert claim is not None
+    assert claim is not None and claim.leader == owner
+    fence = Fence(states, handle.job_id, claim.fence)
     stop = threading.Event()
-    beating = threading.Thread(target=_beat, args=(states, handle.job_id, owner, stop), daemon=True)
+    beating = threading.Thread(target=_beat, args=(fence, stop), daemon=True)
     beating.start()
     try:
-        nodes = _with_retries(lambda: _relaunch(cluster, states, task, handle, state, claim, log), log)
+        nodes = _with_retries(lambda: _relaunch(cluster, task, handle, state, claim, fence, log), log)
     except JobFailed as e:
         failure, now = e, time.time()
+        # Only the newest leader's failure is the job's verdict (a deposed one's is not).
         states.update(
             handle.job_id,
             lambda s: js.phase_failed(
-                s, "run", state.generation, failure.rank or 0, failure.exit_code or 1, str(failure), now
+                js.fenced(s, fence.token),
+                "run",
+                state.generation,
+                failure.rank or 0,
+                failure.exit_code or 1,
+                str(failure),
+                now,
             ),
         )
         raise
@@ -117,10 +180,14 @@ def _lead(
     ]
     new, won = states.update(
         handle.job_id,
-        lambda s: js.relaunched(s, owner, [n.to_dict() for n in nodes], replaced, time.time()),
+        lambda s: js.relaunched(s, fence.token, [n.to_dict() for n in nodes], replaced, time.time()),
     )
-    if not won and new.generation < claim.target:
-        # Cancelled (or taken over) while this leader worked: what it started must not run on.
+    if not won and not new.status.is_terminal:
+        # Taken over after this leader's last step: the newer leader owns generation claim.target now
+        # (and started it, or will: starts are idempotent per generation), so nothing of it is touched.
+        raise LeadLost(f"The relaunch to generation {claim.target} was taken over before it was recorded")
+    if not won:
+        # Cancelled while this leader worked: what it started must not run on.
         with cluster.clients(nodes[: handle.num_run_nodes], conn_retry_attempts=1) as clients:
             kill_ranks(clients, handle.remote_job_id("run"), claim.target)
         raise JobFailed(
@@ -134,14 +201,15 @@ def _lead(
     return new
 
 
-def _beat(states: js.JobStates, job_id: int, owner: str, stop: threading.Event) -> None:
+def _beat(fence: Fence, stop: threading.Event) -> None:
+    """Renew the lead every HEARTBEAT_S until stopped or refused (the steps then find out themselves)."""
     while not stop.wait(HEARTBEAT_S):
         try:
-            _, alive = states.update(job_id, lambda s: js.heartbeat(s, owner, time.time()))
-        except Exception:
-            continue
-        if not alive:
+            fence.check("renew the lead")
+        except (LeadLost, JobFailed):
             return
+        except Exception:
+            continue  # a store hiccup: the next beat tries again; followers may take over meanwhile
 
 
 def _by_rank(nodes: tuple[Node, ...] | list[Node]) -> dict[int, Node]:
@@ -166,20 +234,25 @@ def _with_retries(relaunch: Callable[[], list[Node]], log: Callable[[str], None]
 
 def _relaunch(
     cluster: Cluster,
-    states: js.JobStates,
     task: Task,
     handle: JobHandle,
     state: js.JobState,
     claim: js.Relaunch,
+    fence: Fence,
     log: Callable[[str], None],
 ) -> list[Node]:
-    """Stop generation g, replace nodes that are down, set the new ones up, start g + 1 on every rank."""
+    """Stop generation g, replace nodes that are down, set the new ones up, start g + 1 on every rank.
+
+    Each step that changes the cluster passes `fence` first: a newer leader's existence stops it there.
+    """
     old = _by_rank(job_nodes(handle, state))
     run_ranks = [n.rank for n in handle.run_nodes]
     job_id = handle.remote_job_id("run")
     log(
-        f"Relaunching job {handle.job_id} as generation {claim.target} ({claim.action.value}: {claim.reason})"
+        f"Relaunching job {handle.job_id} as generation {claim.target} ({claim.action.value}: {claim.reason}; "
+        f"token {fence.token})"
     )
+    fence.check(f"stop generation {state.generation}")
     with cluster.clients([old[r] for r in run_ranks], conn_retry_attempts=1) as clients:
         kill_ranks(clients, job_id, state.generation)
 
@@ -187,6 +260,11 @@ def _relaunch(
     nodes = dict(old)
     for rank, node in old.items():
         current = live.get(rank)
+        if current is None or current.status is not NodeStatus.RUNNING:
+            fence.check(f"replace the node of rank {rank}")
+            # Read again right after the fence: a node an earlier leader replaced meanwhile is RUNNING, and
+            # replacing it twice would end that leader's replacement.
+            current = _by_rank(cluster.nodes()).get(rank)
         if current is not None and current.status is NodeStatus.RUNNING:
             nodes[rank] = current  # replaced already by a leader before this one, or never down
             continue
@@ -205,6 +283,7 @@ def _relaunch(
     # A replacement node mounts the job's buckets again (a checkpoint bucket is where the job resumes from).
     buckets = plan_from_record(state.info.get(BUCKETS_INFO_KEY)) if replaced else None
     for node in replaced:
+        fence.check(f"set up the replacement node of rank {node.rank}")
         with cluster.client(node) as client:
             commit = state.info.get("git_commit") or handle.git_commit  # the job's one commit
             upload_task_files(client, task, log, buckets, git_commit=commit)
@@ -212,12 +291,7 @@ def _relaunch(
             _run_setup(cluster, task, new_handle, node, log)
 
     run_nodes = list(new_handle.run_nodes)
-    now_state = states.require(handle.job_id)
-    if now_state.status.is_terminal or now_state.relaunch is None:
-        raise JobFailed(
-            f"job {handle.job_id} is {now_state.status.value}: the relaunch stops before starting it",
-            status="CANCELLED" if now_state.cancelled else now_state.status.value,
-        )
+    fence.check(f"start generation {claim.target}")
     autostop = cluster.autostop_for(task.resources)
     with cluster.clients(run_nodes) as clients:
 

@@ -9,7 +9,9 @@ follower reads the winner's decision.
 
     status      INIT -> PENDING -> SETTING_UP -> RUNNING -> SUCCEEDED | FAILED | FAILED_SETUP | CANCELLED
     generation  0, 1, ... : a relaunch (recovery or restart) moves the run to generation + 1
-    relaunch    the claim on generation + 1: decision, leader (None: not led yet), leader heartbeat
+    relaunch    the claim on generation + 1: decision, leader (None: not led yet), the leader's fencing
+                token and its renewal counter
+    fences      the last fencing token issued: each taking of a relaunch's lead gets the next one
     phases      per "<phase>-<generation>": exit codes seen, verdict (SUCCEEDED / FAILED + cause), killed
     watchers    per "<phase>-<generation>": the lease of the one process that probes every rank
 """
@@ -27,7 +29,9 @@ from airflow_sky.gang.recovery import Action, Decision
 from airflow_sky.infra.state_store import StateStore
 
 WATCH_LEASE_S = 15.0  # a watcher that has not renewed for this long is replaced by any follower
-LEADER_LEASE_S = 45.0  # a relaunch leader that has not sent a heartbeat for this long is taken over
+# A relaunch leader whose renewal counter has not moved for this long, on the observing follower's own
+# monotonic clock, is taken over (no time written by one machine is compared with another's clock).
+LEADER_LEASE_S = 45.0
 CANCELLED_RANK = -1  # the "failing rank" of a cancelled phase
 
 
@@ -76,7 +80,14 @@ class Relaunch:
     action: Action
     reason: str
     leader: str | None = None
-    heartbeat: float = 0.0
+    fence: int = 0  # the leader's fencing token (JobState.fences when it took the lead); 0: not led
+    beat: int = 0  # the leader's renewal counter: bumped by each heartbeat and each fenced step
+    claimed_at: float = 0.0  # for people reading the record; no lease is judged from it
+
+    @property
+    def lease(self) -> tuple[str | None, int, int]:
+        """What a follower watches for change: while it stays the same, the leader shows no life."""
+        return (self.leader, self.fence, self.beat)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {"action": self.action.value}
@@ -88,7 +99,9 @@ class Relaunch:
             action=Action(data["action"]),
             reason=str(data.get("reason", "")),
             leader=data.get("leader"),
-            heartbeat=float(data.get("heartbeat") or 0.0),
+            fence=int(data.get("fence") or 0),
+            beat=int(data.get("beat") or 0),
+            claimed_at=float(data.get("claimed_at") or 0.0),
         )
 
 
@@ -107,6 +120,7 @@ class JobState:
     watchers: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)  # key -> (owner, until)
     history: tuple[dict[str, Any], ...] = ()  # one entry per relaunch
     cancelled: bool = False
+    fences: int = 0  # the last fencing token issued (monotonic over the job's life)
 
     # ---- reading -----------------------------------------------------------------------------------
 
@@ -163,6 +177,7 @@ class JobState:
             "watchers": {k: list(v) for k, v in self.watchers.items()},
             "history": list(self.history),
             "cancelled": self.cancelled,
+            "fences": self.fences,
         }
 
     @classmethod
@@ -181,6 +196,7 @@ class JobState:
             watchers={k: (str(v[0]), float(v[1])) for k, v in (data.get("watchers") or {}).items()},
             history=tuple(data.get("history") or ()),
             cancelled=bool(data.get("cancelled")),
+            fences=int(data.get("fences") or 0),
         )
 
 
@@ -298,38 +314,48 @@ def claim_relaunch(state: JobState, generation: int, decision: Decision, now: fl
         or run.verdict
     ):
         raise Unchanged
-    claim = Relaunch(target=generation + 1, action=decision.action, reason=decision.reason, heartbeat=now)
+    claim = Relaunch(target=generation + 1, action=decision.action, reason=decision.reason, claimed_at=now)
     return dataclasses.replace(state, relaunch=claim)
 
 
-def lead_relaunch(state: JobState, leader: str, now: float, lease_s: float | None = None) -> JobState:
-    """Become the relaunch's leader: when none leads, the leader's heartbeat is stale, or it is `leader`."""
-    lease_s = LEADER_LEASE_S if lease_s is None else lease_s
+def lead_relaunch(state: JobState, leader: str, stale: tuple[str | None, int, int] | None = None) -> JobState:
+    """Take the relaunch's lead with a new fencing token: when none leads, when `leader` leads already (a
+    retried task: its earlier try, were it still alive, is fenced out by the new token), or when `stale` is
+    the very lease the caller watched stand still for LEADER_LEASE_S on its own monotonic clock.
+
+    Every step the leader then takes carries the token (`fenced`), and the record refuses it once a newer
+    leader took over: two leaders never both change the cluster past a takeover.
+    """
     claim = state.relaunch
     if claim is None or state.status.is_terminal:
         raise Unchanged
-    if claim.leader not in (None, leader) and now - claim.heartbeat < lease_s:
-        raise Unchanged
-    return dataclasses.replace(state, relaunch=dataclasses.replace(claim, leader=leader, heartbeat=now))
+    if claim.leader not in (None, leader) and claim.lease != stale:
+        raise Unchanged  # another leader, alive as far as the caller saw (or it renewed since)
+    fence = state.fences + 1
+    return dataclasses.replace(
+        state, fences=fence, relaunch=dataclasses.replace(claim, leader=leader, fence=fence, beat=0)
+    )
 
 
-def heartbeat(state: JobState, leader: str, now: float) -> JobState:
+def fenced(state: JobState, fence: int) -> JobState:
+    """A heartbeat, or the check before a step that changes the cluster: only the holder of the newest
+    token passes (and renews its lease: the counter moves); anyone else is refused (Unchanged)."""
     claim = state.relaunch
-    if claim is None or claim.leader != leader:
-        raise Unchanged  # the lead moved on: the caller stops leading
-    return dataclasses.replace(state, relaunch=dataclasses.replace(claim, heartbeat=now))
+    if claim is None or claim.fence != fence or state.status.is_terminal:
+        raise Unchanged  # the lead moved on (or the job ended): the caller stops leading
+    return dataclasses.replace(state, relaunch=dataclasses.replace(claim, beat=claim.beat + 1))
 
 
 def relaunched(
     state: JobState,
-    leader: str,
+    fence: int,
     nodes: list[dict[str, Any]],
     replaced_ranks: list[int],
     now: float,
 ) -> JobState:
-    """The leader started generation + 1 on every rank: it is the job's generation now."""
+    """The leader holding token `fence` started generation + 1 on every rank: it is the job's generation now."""
     claim = state.relaunch
-    if claim is None or claim.leader != leader or state.status.is_terminal:
+    if claim is None or claim.fence != fence or state.status.is_terminal:
         raise Unchanged
     recovered = claim.action is Action.RECOVER or bool(replaced_ranks)
     setup_generations = dict(state.setup_generations)

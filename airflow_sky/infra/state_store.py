@@ -5,7 +5,9 @@ must outlive the loss of any node (the head included) and must not live on an Ai
 or Kubernetes executors, tasks of one job run on different machines). So each infra keeps it where it keeps
 the truth about membership: the local state dir (local), an object store with conditional writes (clouds).
 
-Every write is conditional on the version read: two writers that race never both win.
+Every write is conditional on the version read: two writers that race never both win. Every record also
+carries the time it was written *by the store's own clock* (a file's mtime, the state host's clock, the
+bucket's `updated`, DynamoDB's response date): a lease read from it never compares two machines' clocks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import abc
 import dataclasses
 import re
 from typing import Any
+
+from airflow_sky.errors import ClusterError
 
 _KEY = re.compile(r"^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*$")
 
@@ -32,6 +36,8 @@ class Versioned:
 
     version: int
     data: dict[str, Any]
+    # When the record was written, on the store's clock (StateStore.now() is on the same clock).
+    written_at: float | None = dataclasses.field(default=None, compare=False)
 
 
 class StateStore(abc.ABC):
@@ -51,3 +57,19 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def keys(self, prefix: str) -> list[str]:
         """Every key directly under `prefix` (one level), sorted."""
+
+    def now(self) -> float:
+        """The store's own clock now (seconds since the epoch), the clock `written_at` is on.
+
+        A scratch record is written and its stamp read back: one write, so callers ask rarely (a teardown
+        deciding whether a job's lease expired), never in a loop's hot path.
+        """
+        for _ in range(50):
+            current = self.get(_CLOCK_KEY)
+            written = self.put(_CLOCK_KEY, {}, current.version if current else None)
+            if written is not None and written.written_at is not None:
+                return written.written_at
+        raise ClusterError("the state store keeps no write time (or the clock record kept changing)")
+
+
+_CLOCK_KEY = "clock"

@@ -83,31 +83,36 @@ def test_one_relaunch_claim_per_generation_whoever_saw_which_fault():
         js.claim_relaunch(running(generation=2), 1, RESTART, now=2.0)
 
 
-def test_a_claim_has_one_leader_until_its_heartbeat_goes_stale():
+def test_a_claim_has_one_leader_until_a_follower_saw_its_exact_lease_stand_still():
     claimed = js.claim_relaunch(running(), 0, RESTART, now=0.0)
-    led = js.lead_relaunch(claimed, "a", now=1.0)
+    led = js.lead_relaunch(claimed, "a")
+    assert led.relaunch.leader == "a" and led.relaunch.fence == 1 and led.fences == 1
+    with pytest.raises(js.Unchanged):  # b has not watched a's lease stand still
+        js.lead_relaunch(led, "b")
+    resumed = js.lead_relaunch(led, "a")  # a retried leader resumes its own claim, with a newer token
+    assert resumed.relaunch.leader == "a" and resumed.relaunch.fence == 2
+    beat = js.fenced(led, 1)
+    assert beat.relaunch.beat == led.relaunch.beat + 1
+    with pytest.raises(js.Unchanged):  # b watched the lease as it was before a renewed it
+        js.lead_relaunch(beat, "b", stale=led.relaunch.lease)
+    taken = js.lead_relaunch(beat, "b", stale=beat.relaunch.lease)
+    assert taken.relaunch.leader == "b" and taken.relaunch.fence == 2 and taken.fences == 2
+    with pytest.raises(js.Unchanged):  # the old leader's next step is refused: a newer token exists
+        js.fenced(taken, 1)
     with pytest.raises(js.Unchanged):
-        js.lead_relaunch(led, "b", now=1.0 + js.LEADER_LEASE_S - 1)
-    assert js.lead_relaunch(led, "a", now=5.0).relaunch.leader == "a"  # a retried leader resumes its own
-    beat = js.heartbeat(led, "a", now=30.0)
-    with pytest.raises(js.Unchanged):
-        js.lead_relaunch(beat, "b", now=30.0 + js.LEADER_LEASE_S - 1)
-    taken = js.lead_relaunch(beat, "b", now=30.0 + js.LEADER_LEASE_S + 1)
-    assert taken.relaunch.leader == "b"
-    with pytest.raises(js.Unchanged):  # the old leader learns it lost the lead
-        js.heartbeat(taken, "a", now=100.0)
-    with pytest.raises(js.Unchanged):
-        js.relaunched(taken, "a", [], [], now=100.0)
+        js.relaunched(taken, 1, [], [], now=100.0)
+    assert js.fenced(taken, 2).relaunch.beat == 1
 
 
 def test_a_relaunch_moves_the_job_to_the_next_generation_and_counts_it():
-    led = js.lead_relaunch(js.claim_relaunch(running(), 0, RESTART, now=0.0), "a", now=0.0)
-    restarted = js.relaunched(led, "a", [{"rank": 0}, {"rank": 1}], [], now=1.0)
+    led = js.lead_relaunch(js.claim_relaunch(running(), 0, RESTART, now=0.0), "a")
+    restarted = js.relaunched(led, led.relaunch.fence, [{"rank": 0}, {"rank": 1}], [], now=1.0)
     assert (restarted.generation, restarted.restarts, restarted.recoveries) == (1, 1, 0)
     assert restarted.relaunch is None and restarted.history[-1]["action"] == "RESTART"
     # A RESTART that had to replace a node anyway counts as a recovery, and the new node's setup is newer.
-    led = js.lead_relaunch(js.claim_relaunch(restarted, 1, RESTART, now=2.0), "a", now=2.0)
-    recovered = js.relaunched(led, "a", [{"rank": 0}, {"rank": 1}], [1], now=3.0)
+    led = js.lead_relaunch(js.claim_relaunch(restarted, 1, RESTART, now=2.0), "a")
+    assert led.relaunch.fence == 2  # tokens only grow, over every relaunch of the job
+    recovered = js.relaunched(led, 2, [{"rank": 0}, {"rank": 1}], [1], now=3.0)
     assert (recovered.generation, recovered.restarts, recovered.recoveries) == (2, 1, 1)
     assert recovered.setup_generation(1) == 2 and recovered.setup_generation(0) == 0
 
@@ -119,7 +124,7 @@ def test_a_cancelled_job_is_never_relaunched_and_fails_its_running_phases():
     assert cancelled.phase("run").failed_rank == js.CANCELLED_RANK
     for change in (
         lambda s: js.claim_relaunch(s, 0, RECOVER, now=2.0),
-        lambda s: js.lead_relaunch(s, "a", now=2.0),
+        lambda s: js.lead_relaunch(s, "a"),
         lambda s: js.cancel(s, "again", now=2.0),
     ):
         with pytest.raises(js.Unchanged):
@@ -153,7 +158,7 @@ def test_status_only_moves_forward():
 
 
 def test_the_state_round_trips_through_json():
-    led = js.lead_relaunch(js.claim_relaunch(running(), 0, RECOVER, now=0.0), "a", now=0.0)
+    led = js.lead_relaunch(js.claim_relaunch(running(), 0, RECOVER, now=0.0), "a")
     state = js.take_watch(js.record_exits(led, "run", 0, {1: 137}), "run-0", "a", now=0.0)
     assert js.JobState.from_dict(state.to_dict()) == state
 

@@ -110,7 +110,7 @@ def test_a_leader_that_dies_after_its_claim_is_taken_over(local_cluster, tmp_pat
     decision = Decision(Action.RESTART, "exit code 1")
     states.update(handle.job_id, lambda s: js.claim_relaunch(s, 0, decision, time.time()))
     # A leader claims and is killed before it did anything (its task's worker died): no heartbeat follows.
-    states.update(handle.job_id, lambda s: js.lead_relaunch(s, "dead-worker", time.time()))
+    states.update(handle.job_id, lambda s: js.lead_relaunch(s, "dead-worker"))
     started = time.monotonic()
     log: list[str] = []
     state = follow_relaunch(cluster, states, task, handle, 0, "survivor", log.append)
@@ -126,7 +126,7 @@ def test_a_retried_leader_task_resumes_its_own_claim_at_once(local_cluster, tmp_
     states.update(
         handle.job_id, lambda s: js.claim_relaunch(s, 0, Decision(Action.RESTART, "x"), time.time())
     )
-    states.update(handle.job_id, lambda s: js.lead_relaunch(s, "dag/run/run_follow/0", time.time()))
+    states.update(handle.job_id, lambda s: js.lead_relaunch(s, "dag/run/run_follow/0"))
     # Airflow cleared the try's XComs on retry; the claim lives in the job state, under the task's name.
     started = time.monotonic()
     state = follow_relaunch(cluster, states, task, handle, 0, "dag/run/run_follow/0", lambda line: None)

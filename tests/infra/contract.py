@@ -6,6 +6,7 @@ still exists outside the driver's own view: processes, instances), and may provi
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -93,6 +94,22 @@ class CloudContract:
         assert store.put("jobs/1", {"status": "LOST"}, first.version) is None  # a stale writer loses
         assert store.get("jobs/1") == second
         assert store.keys("jobs") == ["jobs/1"]
+
+    def test_state_store_stamps_each_record_on_its_own_clock(self, cloud: Cloud, cluster: str) -> None:
+        cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=1))
+        store = cloud.state_store(cluster)
+        first = store.put("jobs/1", {"status": "INIT"}, None)
+        assert first is not None and first.written_at is not None
+        read = store.get("jobs/1")
+        assert (
+            read is not None and read.written_at is not None and abs(read.written_at - first.written_at) < 2
+        )
+        now = store.now()  # the clock the stamps are on (no worker's: see tests/gang/test_fencing.py)
+        assert first.written_at - 2 <= now < time.time() + 3600
+        second = store.put("jobs/1", {"status": "RUNNING"}, first.version)
+        assert (
+            second is not None and second.written_at is not None and second.written_at >= first.written_at - 2
+        )
 
     def test_state_store_goes_with_the_cluster(self, cloud: Cloud, cluster: str) -> None:
         cloud.provision(ProvisionRequest(cluster_name=cluster, num_nodes=1))

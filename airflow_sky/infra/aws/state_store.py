@@ -4,7 +4,9 @@ The job records must outlive any node and must not live on an Airflow worker, so
 DynamoDB table (`airflow-sky-state` by default, on-demand billing, created on first use). Partition key:
 the cluster; sort key: the record's key. A write carries `version = :expected` (or "no item yet") as its
 condition, so of two racing writers exactly one wins, and DynamoDB's conditional writes are strongly
-consistent; reads are consistent reads.
+consistent; reads are consistent reads. DynamoDB keeps no write time of its own, so a record is stamped
+with DynamoDB's clock as its responses tell it (the `Date` header of the latest response, advanced by the
+local monotonic clock since): leases are read on one clock, never against a worker's own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -63,6 +66,15 @@ def _code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
+def _server_time(response: dict[str, Any]) -> float | None:
+    """The time in a response's `Date` header (whole seconds: the middle of that second), or None."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date).timestamp() + 0.5 if date else None
+    except (TypeError, ValueError):
+        return None
+
+
 class DynamoDbStateStore(StateStore):
     """One cluster's records in the state table; `client` is a boto3 DynamoDB client."""
 
@@ -70,6 +82,27 @@ class DynamoDbStateStore(StateStore):
         self._client = client
         self.table = table
         self.cluster = cluster
+        self._sample: tuple[float, float] | None = None  # (DynamoDB's time, local monotonic) of a response
+
+    def _saw(self, response: dict[str, Any]) -> dict[str, Any]:
+        server = _server_time(response)
+        if server is not None:
+            self._sample = (server, time.monotonic())
+        return response
+
+    def _server_now(self) -> float:
+        """DynamoDB's clock now, from the latest response's date (a read when none was seen yet)."""
+        if self._sample is None:
+            self._saw(self._client.get_item(TableName=self.table, Key=self._item_key("clock")))
+        if self._sample is None:
+            raise ClusterError(f"aws: the state table {self.table!r} answered without a Date header")
+        server, seen = self._sample
+        return server + (time.monotonic() - seen)
+
+    def now(self) -> float:
+        self._ready()
+        self._sample = None  # a fresh reading, not an estimate advanced from an old one
+        return self._server_now()
 
     def _ready(self) -> None:
         ensure_table(self._client, self.table)
@@ -79,12 +112,16 @@ class DynamoDbStateStore(StateStore):
 
     def get(self, key: str) -> Versioned | None:
         self._ready()
-        item = self._client.get_item(TableName=self.table, Key=self._item_key(key), ConsistentRead=True).get(
-            "Item"
-        )
+        response = self._client.get_item(TableName=self.table, Key=self._item_key(key), ConsistentRead=True)
+        item = self._saw(response).get("Item")
         if not item:
             return None
-        return Versioned(int(item["version"]["N"]), json.loads(item["data"]["S"]))
+        updated = item.get("updated", {}).get("N")
+        return Versioned(
+            int(item["version"]["N"]),
+            json.loads(item["data"]["S"]),
+            float(updated) if updated is not None else None,
+        )
 
     def put(self, key: str, data: dict[str, Any], expected_version: int | None) -> Versioned | None:
         self._ready()
@@ -101,18 +138,19 @@ class DynamoDbStateStore(StateStore):
                 "ExpressionAttributeNames": {"#v": "version"},
                 "ExpressionAttributeValues": {":v": {"N": str(expected_version)}},
             }
+        updated = round(self._server_now(), 3)
         item = self._item_key(key) | {
             "version": {"N": str(version)},
             "data": {"S": json.dumps(data, sort_keys=True)},
-            "updated": {"N": str(int(time.time()))},
+            "updated": {"N": str(updated)},
         }
         try:
-            self._client.put_item(TableName=self.table, Item=item, **condition)
+            self._saw(self._client.put_item(TableName=self.table, Item=item, **condition))
         except ClientError as e:
             if _code(e) == "ConditionalCheckFailedException":
                 return None
             raise
-        return Versioned(version, data)
+        return Versioned(version, data, updated)
 
     def keys(self, prefix: str) -> list[str]:
         self._ready()

@@ -6,7 +6,8 @@ Cloud Storage bucket (uniform bucket-level access, created on first use by `ensu
 `ifGenerationMatch` (the generation read, or 0 for "no object yet"), so of two racing writers exactly one
 wins and the other gets 412 Precondition Failed; Cloud Storage is strongly consistent for reads after
 writes, metadata and listings. A read takes the generation from the metadata, then downloads at exactly
-that generation, so the data and the version it returns belong together.
+that generation, so the data and the version it returns belong together. A record's write time is its
+object's `updated`, set by Cloud Storage: one clock for every writer.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class GcsStateStore(StateStore):
                     continue  # replaced since the metadata was read: read again
                 except NotFound:
                     return None  # deleted since
-                return Versioned(generation, json.loads(raw))
+                updated = found.updated.timestamp() if found.updated is not None else None
+                return Versioned(generation, json.loads(raw), updated)
         except (GoogleAPIError, GoogleAuthError) as e:
             raise _failure(self.bucket, f"reading {name!r}", e) from e
         raise ClusterError(
@@ -120,7 +122,8 @@ class GcsStateStore(StateStore):
             return None
         except (GoogleAPIError, GoogleAuthError) as e:
             raise _failure(self.bucket, f"writing {name!r}", e) from e
-        return Versioned(int(blob.generation), data)
+        updated = blob.updated.timestamp() if blob.updated is not None else None
+        return Versioned(int(blob.generation), data, updated)
 
     def keys(self, prefix: str) -> list[str]:
         start = f"{self.root}/{validate_key(prefix)}/"

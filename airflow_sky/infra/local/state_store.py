@@ -2,6 +2,8 @@
 
 Writes take an exclusive flock on the cluster's state lock, compare the version on disk and replace the file
 atomically; reads take no lock (a rename is atomic, so a reader sees the old or the new record, never half).
+A record's write time is its file's mtime: the host's kernel clock, which every writer of a local store
+shares (and which a process's patched or skewed `time.time` does not change).
 The records live as long as the cluster (`terminate` removes them with it), like SkyPilot's job queue.
 """
 
@@ -38,10 +40,12 @@ class LocalStateStore(StateStore):
 
     def get(self, key: str) -> Versioned | None:
         try:
-            raw = json.loads(self._path(key).read_text())
+            with self._path(key).open() as f:
+                written_at = os.fstat(f.fileno()).st_mtime  # of the very file read (a rename replaces it)
+                raw = json.load(f)
         except FileNotFoundError:
             return None
-        return Versioned(int(raw["version"]), raw["data"])
+        return Versioned(int(raw["version"]), raw["data"], written_at)
 
     def put(self, key: str, data: dict[str, Any], expected_version: int | None) -> Versioned | None:
         path = self._path(key)
@@ -49,13 +53,15 @@ class LocalStateStore(StateStore):
             current = self.get(key)
             if (current.version if current else None) != expected_version:
                 return None
-            record = Versioned((current.version if current else 0) + 1, data)
+            version = (current.version if current else 0) + 1
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
             with os.fdopen(fd, "w") as f:
-                json.dump({"version": record.version, "data": data}, f, sort_keys=True)
+                json.dump({"version": version, "data": data}, f, sort_keys=True)
+                f.flush()
+                written_at = os.fstat(f.fileno()).st_mtime
             os.replace(tmp, path)
-        return record
+        return Versioned(version, data, written_at)
 
     def keys(self, prefix: str) -> list[str]:
         base = self.directory / validate_key(prefix)

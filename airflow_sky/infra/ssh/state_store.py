@@ -4,7 +4,8 @@ An ssh pool has no object store, and the records must not live on an Airflow wor
 Kubernetes executors a job's tasks run on different machines). So they live on one host of the pool, the
 first one it lists (its *state host*), under `~/.airflow_sky/state/<pool>/<cluster>/`. Reads go over SFTP
 (no process spawned on the host); a write runs a short python3 script there that takes an flock, compares
-the version and replaces the file atomically, so two writers that race never both win.
+the version and replaces the file atomically, so two writers that race never both win. The script stamps
+each record with the state host's clock (`at`): one clock for every writer, whatever the workers' clocks say.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from airflow_sky.node.client import NodeClient
 
 STATE_ROOT = ".airflow_sky/state"
 
-# argv: record path, expected version ("-" = only if absent); stdin: the data. Prints the new version or
-# "conflict". The lock file sits beside the records; rename makes the new record appear at once.
+# argv: record path, expected version ("-" = only if absent); stdin: the data. Prints the new version and
+# the host's time of the write, or "conflict". The lock file sits beside the records; rename makes the new record appear at once.
 _CAS_SCRIPT = r"""
-import fcntl, json, os, sys, tempfile
+import fcntl, json, os, sys, tempfile, time
 path, expected = sys.argv[1], sys.argv[2]
 directory = os.path.dirname(path)
 os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -41,11 +42,12 @@ with open(os.path.join(root, ".lock"), "a") as lock:
         print("conflict")
         sys.exit(0)
     version = (current or 0) + 1
+    at = time.time()
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".rec.")
     with os.fdopen(fd, "w") as f:
-        json.dump({"version": version, "data": data}, f, sort_keys=True)
+        json.dump({"version": version, "data": data, "at": at}, f, sort_keys=True)
     os.replace(tmp, path)
-    print(version)
+    print(version, repr(at))
 """
 
 
@@ -74,7 +76,8 @@ class SshStateStore(StateStore):
         if raw is None:
             return None
         record = json.loads(raw)
-        return Versioned(int(record["version"]), record["data"])
+        at = record.get("at")
+        return Versioned(int(record["version"]), record["data"], float(at) if at is not None else None)
 
     def put(self, key: str, data: dict[str, Any], expected_version: int | None) -> Versioned | None:
         path = self._path(key)
@@ -95,7 +98,8 @@ class SshStateStore(StateStore):
             )
         if text == "conflict":
             return None
-        return Versioned(int(text), data)
+        version, at = text.split()
+        return Versioned(int(version), data, float(at))
 
     def keys(self, prefix: str) -> list[str]:
         try:
