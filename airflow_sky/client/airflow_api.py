@@ -18,16 +18,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from airflow_sky.client.config_file import config_section
-from airflow_sky.errors import SkyError
+from airflow_sky.errors import SkyError, SpecError
 
 PAGE = 100  # the API's [api] maximum_page_limit default
+# Airflow's default `[scheduler] allowed_run_id_pattern`: what a DAG run id (a managed job's id) may be.
+_RUN_ID = re.compile(r"[A-Za-z0-9_.~:+-]+")
+
+
+def api_path(*segments: object) -> str:
+    """A REST path from its segments, each quoted whole: a value holding `/`, `?`, `#` or `..` stays one
+    segment (an all-dots one is percent-encoded too, or the URL's dot segments would resolve it)."""
+    quoted = [quote(str(segment), safe="") for segment in segments]
+    return "".join("/" + (q.replace(".", "%2E") if not q.strip(".") else q) for q in quoted)
+
+
+def check_job_id(job_id: str) -> str:
+    """`job_id` when it can be a DAG run id (letters, digits, `_.~:+-`, not only dots); else SpecError."""
+    if not _RUN_ID.fullmatch(job_id) or not job_id.strip("."):
+        raise SpecError(
+            f"job id {job_id!r}: not a job id (a DAG run id: letters, digits and _.~:+-); "
+            "`airflow-sky jobs queue` lists them"
+        )
+    return job_id
 
 
 class ApiError(SkyError):

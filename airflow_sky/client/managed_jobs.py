@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_sky.client.airflow_api import AirflowApi, ApiError
+from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path, check_job_id
 from airflow_sky.client.jobs_bucket import (
     SETTING,
     JobsBucketConfig,
@@ -35,6 +35,7 @@ from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
 from airflow_sky.operators.job_spec import JobSpec, job_owner, secret_variable_key
 from airflow_sky.task import Task
+from airflow_sky.task.conf_policy import SETTINGS, ConfPolicy
 from airflow_sky.task.jobs_bucket import LocalUpload, job_files_uri, local_paths, translate_local_paths
 from airflow_sky.task.pipeline import SERIAL, Pipeline
 
@@ -126,8 +127,9 @@ def launch(
                 uploads=run_uri if uploads else None,
             )
         )
+    policy = client_policy()
     for index, spec in enumerate(specs):  # what the DAG's spec tasks will check, checked here first
-        JobSpec.from_conf(spec.to_run_conf(), owner=job_owner(run_id, index, len(specs)))
+        JobSpec.from_conf(spec.to_run_conf(), owner=job_owner(run_id, index, len(specs)), policy=policy)
     files = files_to_upload(bucket.bucket, uploads) if bucket is not None and uploads else []
     confs = [spec.to_run_conf() for spec in specs]
     conf = confs[0] if pipeline is None else {"pipeline": pipeline, "jobs": confs}
@@ -144,6 +146,16 @@ def launch(
         with _uploaded(bucket, run_uri if uploads else None, files, upload_progress):
             _submit(client, dag_id, run_id, conf, values)
     return run_id
+
+
+def client_policy() -> ConfPolicy | None:
+    """The deployment's run conf policy as this machine knows it: its `AIRFLOW__SKY__MANAGED_*` variables
+    (as on a machine that shares the deployment's settings). None when none is set: the deployment's spec
+    task then checks alone (a conf naming a worker path is refused here all the same)."""
+    settings = {name: os.environ.get(f"AIRFLOW__SKY__{name.upper()}") for name in SETTINGS}
+    if not any(settings.values()):
+        return None
+    return ConfPolicy.from_settings(settings.get, os.environ.get("AIRFLOW__SKY__DEFAULT_STORE"))
 
 
 def _jobs_bucket_for(tasks: list[Task], pipeline: str | None) -> JobsBucketConfig | None:
@@ -203,7 +215,7 @@ def _submit(
             created.append(key)
         body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
         try:
-            client.request("POST", f"/dags/{dag_id}/dagRuns", json=body)
+            client.request("POST", api_path("dags", dag_id, "dagRuns"), json=body)
         except ApiError as e:
             if e.status_code != 404:
                 raise
@@ -211,7 +223,7 @@ def _submit(
     except ApiError:
         for key in created:  # nothing of a refused launch stays behind
             with contextlib.suppress(ApiError):
-                client.request("DELETE", f"/variables/{key}")
+                client.request("DELETE", api_path("variables", key))
         raise
 
 
@@ -251,7 +263,7 @@ def _no_dag(client: AirflowApi, dag_id: str) -> ApiError:
 def _check_pipeline_slots(client: AirflowApi, dag_id: str, jobs: int) -> None:
     """Refuse, before anything is created, a pipeline longer than the deployed DAG has slots for."""
     try:
-        tasks = client.get(f"/dags/{dag_id}/tasks")["tasks"]
+        tasks = client.get(api_path("dags", dag_id, "tasks"))["tasks"]
     except ApiError as e:
         if e.status_code == 404:
             raise _no_dag(client, dag_id) from e
@@ -267,26 +279,26 @@ def _check_pipeline_slots(client: AirflowApi, dag_id: str, jobs: int) -> None:
 def queue(limit: int = 50, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> list[ManagedJob]:
     """The latest managed jobs, newest first."""
     with _api(api) as client:
-        runs = client.get(f"/dags/{dag_id}/dagRuns", limit=limit, order_by="-run_after")["dag_runs"]
+        runs = client.get(api_path("dags", dag_id, "dagRuns"), limit=limit, order_by="-run_after")["dag_runs"]
         return [_job(client, dag_id, run) for run in runs]
 
 
 def job(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> ManagedJob:
     """One managed job's status."""
+    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with _api(api) as client:
-        return _job(client, dag_id, client.get(f"/dags/{dag_id}/dagRuns/{job_id}"))
+        return _job(client, dag_id, client.get(_run_path(dag_id, job_id)))
 
 
 def cancel(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> None:
     """Stop the job: its run is marked failed; its follow tasks are killed, which stops every rank, and its
     teardown still runs, which (with down, the default) terminates the nodes."""
+    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with _api(api) as client:
-        run = client.get(f"/dags/{dag_id}/dagRuns/{job_id}")
+        run = client.get(_run_path(dag_id, job_id))
         if run["state"] in ("success", "failed"):
             raise SpecError(f"job {job_id} already ended ({_status(client, dag_id, run, [])})")
-        client.request(
-            "PATCH", f"/dags/{dag_id}/dagRuns/{job_id}", json={"state": "failed", "note": CANCEL_NOTE}
-        )
+        client.request("PATCH", _run_path(dag_id, job_id), json={"state": "failed", "note": CANCEL_NOTE})
 
 
 def logs(
@@ -300,10 +312,11 @@ def logs(
 ) -> ManagedJob:
     """Print every rank's setup and run log lines (and the job's own messages: recoveries, failures) as the
     follow tasks write them; with `follow`, until the job ends. Returns the job's status at the end."""
+    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with _api(api) as client:
         readers: dict[tuple[str, int, int], _LogReader] = {}
         while True:
-            run = client.get(f"/dags/{dag_id}/dagRuns/{job_id}")
+            run = client.get(_run_path(dag_id, job_id))
             ended = run["state"] in ("success", "failed")
             tis = _task_instances(client, dag_id, job_id)
             for ti in sorted(
@@ -328,7 +341,7 @@ class _LogReader:
         self, client: AirflowApi, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int
     ):
         self.client = client
-        self.path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        self.path = _run_path(dag_id, run_id) + api_path("taskInstances", task_id, "logs", try_number)
         self.map_index = map_index
         self.token: str | None = None
         self.seen = 0  # log events read so far
@@ -391,22 +404,30 @@ class _Borrowed:
         return None
 
 
+def _run_path(dag_id: str, run_id: str) -> str:
+    """The REST path of a DAG run (a job id a user gave is checked first: check_job_id)."""
+    return api_path("dags", dag_id, "dagRuns", run_id)
+
+
 def _step(ti: Mapping[str, Any]) -> str:
     return str(ti["task_id"]).rsplit(".", 1)[-1]
 
 
 def _task_instances(client: AirflowApi, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-    return list(client.pages(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", "task_instances"))
+    return list(client.pages(_run_path(dag_id, run_id) + "/taskInstances", "task_instances"))
 
 
 def _job(
     client: AirflowApi, dag_id: str, run: Mapping[str, Any], tis: list[dict[str, Any]] | None = None
 ) -> ManagedJob:
-    conf = run.get("conf") or {}
-    first = (conf.get("jobs") or [{}])[0] if "jobs" in conf else conf
-    task: dict[str, Any] = (
-        first["task"] if isinstance(first, dict) and isinstance(first.get("task"), dict) else {}
-    )
+    # A run conf is whatever its trigger wrote: read it without trusting its shape (jobs queue lists all).
+    given = run.get("conf")
+    conf: dict[str, Any] = given if isinstance(given, dict) else {}
+    jobs = conf.get("jobs")
+    first = (jobs[0] if isinstance(jobs, list) and jobs else {}) if "jobs" in conf else conf
+    first = first if isinstance(first, dict) else {}
+    task: dict[str, Any] = first["task"] if isinstance(first.get("task"), dict) else {}
+    num_nodes = task.get("num_nodes")
     if tis is None:
         tis = _task_instances(client, dag_id, run["dag_run_id"])
     # Every job of a pipeline that got to its run: the latest one's status, all their recoveries.
@@ -425,10 +446,10 @@ def _job(
         name=str(conf.get("pipeline") or task.get("name") or "-"),
         status=_status(client, dag_id, run, tis, status_xcom),
         recoveries=sum(int(x.get("generation", 0)) for x in pushed),
-        num_nodes=task.get("num_nodes"),
+        num_nodes=num_nodes if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) else None,
         submitted=_time(run.get("queued_at")) or started,
         duration_s=((ended or datetime.now(UTC)) - started).total_seconds() if started else None,
-        infra=str(conf.get("infra") or "local"),
+        infra=str(first.get("infra") or "local"),
     )
 
 
@@ -467,8 +488,8 @@ def _job_status_xcom(
     client: AirflowApi, dag_id: str, run_id: str, group: str = JOB_GROUP
 ) -> dict[str, Any] | None:
     """What the head's run follow task of `group` last pushed about recoveries (none before the first)."""
-    path = (
-        f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{group}.run_follow/xcomEntries/{JOB_STATUS_XCOM_KEY}"
+    path = _run_path(dag_id, run_id) + api_path(
+        "taskInstances", f"{group}.run_follow", "xcomEntries", JOB_STATUS_XCOM_KEY
     )
     try:
         value = client.get(path, map_index=0).get("value")

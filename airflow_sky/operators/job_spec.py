@@ -24,7 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_sky.errors import SpecError
+from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.task import Task, is_bucket_uri
+from airflow_sky.task.conf_policy import ConfPolicy, check_no_worker_paths, check_run_conf
 from airflow_sky.task.diagnostics import known_fields
 
 SECRET_VARIABLE_PREFIX = "airflow_sky_secret__"  # "secret" in the name: Airflow masks the value everywhere
@@ -89,8 +91,17 @@ class JobSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_conf(cls, conf: Any, source: str = "the run conf", owner: str | None = None) -> JobSpec:
+    def from_conf(
+        cls,
+        conf: Any,
+        source: str = "the run conf",
+        owner: str | None = None,
+        policy: ConfPolicy | None = None,
+    ) -> JobSpec:
         """Check a run conf field by field; a bad one raises SpecError naming the field.
+
+        A conf never names a path on the worker (task.conf_policy); with `policy` (the deployment's), its
+        infra, cluster and buckets must be ones the policy allows.
 
         In a run conf, `secrets` lists the secrets' names and `owner` (the run id, or `<run id>-<n>` for a
         pipeline's n-th job) gives their Variables; a spec handed on by the spec task maps each name to its
@@ -113,8 +124,13 @@ class JobSpec:
         uploads = conf.get("uploads")
         if uploads is not None and not (isinstance(uploads, str) and is_bucket_uri(uploads)):
             raise SpecError(f"{source}: uploads: must be the bucket URI of the run's uploaded files, or null")
+        check_no_worker_paths(task, source)  # before the task is parsed: no question about worker paths
         spec = cls(dict(task), secrets, infra, cluster_name, down, uploads)
-        spec.load_task({name: "" for name in secrets})  # the task itself is valid
+        loaded = spec.load_task({name: "" for name in secrets})  # the task itself is valid
+        if policy is not None:
+            # The name the cluster gets (provision sanitizes it): what the patterns must match.
+            cluster = sanitize_cluster_name(cluster_name) if cluster_name is not None else None
+            check_run_conf(policy, loaded, infra, cluster, uploads, source)
         return spec
 
     def to_run_conf(self) -> dict[str, Any]:

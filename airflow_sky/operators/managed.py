@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from airflow.sdk import BaseOperator, Variable
+from airflow.sdk import BaseOperator, Variable, conf
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_sky.errors import SpecError
@@ -14,13 +14,26 @@ from airflow_sky.hooks.cluster import jobs_bucket_setting, remove_job_files
 from airflow_sky.operators.job_spec import JobSpec, job_confs, job_owner, secret_variable_key
 from airflow_sky.operators.provision import default_cluster_name
 from airflow_sky.operators.secrets import read_secrets
+from airflow_sky.task.conf_policy import ConfPolicy
 from airflow_sky.task.jobs_bucket import checked_uploads_uri
+
+
+def deployment_policy() -> ConfPolicy:
+    """The deployment's rules for run confs: `[sky] managed_infras`, `managed_cluster_names` and
+    `managed_buckets` of the Airflow config (AIRFLOW__SKY__MANAGED_INFRAS, ...) read by this worker, and its
+    `jobs_bucket`, of which a run may mount its own uploads only."""
+    return ConfPolicy.from_settings(
+        lambda name: conf.get("sky", name, fallback=None),
+        default_store=conf.get("sky", "default_store", fallback=None),
+        jobs_bucket=jobs_bucket_setting(),
+    )
 
 
 class SkyJobSpecOperator(BaseOperator):
     """Checks the run conf of a managed job (see operators.job_spec) and returns the spec of the job in slot
     `index` (0: the job, or a pipeline's first); every task of that job reads the spec from this task's XCom.
-    A bad conf fails here, before any node exists; a slot the pipeline does not use is skipped, and so is
+    A bad conf, or one the deployment's policy refuses (deployment_policy), fails here, before any node
+    exists; a slot the pipeline does not use is skipped, and so is
     every task after it."""
 
     ui_color = "#e8eaf6"
@@ -35,7 +48,7 @@ class SkyJobSpecOperator(BaseOperator):
             raise AirflowSkipException(f"the run has {len(confs)} job(s); slot {self.index + 1} is not used")
         source = "the run conf" if len(confs) == 1 else f"the run conf: jobs[{self.index}]"
         owner = job_owner(context["run_id"], self.index, len(confs))
-        spec = JobSpec.from_conf(confs[self.index], source=source, owner=owner)
+        spec = JobSpec.from_conf(confs[self.index], source=source, owner=owner, policy=deployment_policy())
         if len(confs) > 1 and spec.cluster_name is None:
             # A pipeline's jobs run one after the other, each on a cluster of its own (as in SkyPilot).
             name = default_cluster_name(self.dag_id, context["run_id"], f"job{self.index + 1}")

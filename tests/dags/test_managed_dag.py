@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from airflow_sky import Task
 from airflow_sky.infra.local import daemon
 from airflow_sky.operators.job_spec import JobSpec, secret_variable_key
@@ -16,6 +18,8 @@ from airflow_sky.dags.managed import managed_jobs_dag
 dag = managed_jobs_dag()
 """
 SECRET = "s3cr3t-managed-token"
+# These runs use the local infra: the deployment opts in (by default a run conf may not name it).
+LOCAL_ALLOWED = {"AIRFLOW__SKY__MANAGED_INFRAS": "local"}
 # What `airflow-sky jobs launch` does before it triggers a run: the secret into the run's Variable (here from
 # a task of the run: `airflow dags test` names the run itself).
 PLANTED_SOURCE = (
@@ -61,7 +65,9 @@ def test_the_managed_dag_runs_the_task_of_its_conf_with_secrets_from_variables_a
     mapping["secrets"] = {"TOKEN": None}
     conf = JobSpec(task=mapping, secrets={"TOKEN": ""}, cluster_name="managed-c").to_run_conf()
     assert conf["secrets"] == ["TOKEN"]  # names only: the value never enters a conf
-    result = run_dag("airflow_sky_jobs", PLANTED_SOURCE, conf=conf, env={"PLANT_SECRET": SECRET})
+    result = run_dag(
+        "airflow_sky_jobs", PLANTED_SOURCE, conf=conf, env={**LOCAL_ALLOWED, "PLANT_SECRET": SECRET}
+    )
     assert result.returncode == 0, result.digest
     for rank in range(2):
         assert (tmp_path / f"ran-{rank}").read_text() == f"rank {rank} of 2 token={SECRET}\n"
@@ -75,7 +81,9 @@ def test_a_bad_conf_fails_the_spec_task_before_any_node_exists_and_its_secrets_a
     run_dag, airflow_home
 ):
     conf = {"task": {"run": "true", "num_nodes": "two"}, "secrets": ["TOKEN"]}
-    result = run_dag("airflow_sky_jobs", PLANTED_SOURCE, conf=conf, env={"PLANT_SECRET": SECRET})
+    result = run_dag(
+        "airflow_sky_jobs", PLANTED_SOURCE, conf=conf, env={**LOCAL_ALLOWED, "PLANT_SECRET": SECRET}
+    )
     assert result.returncode != 0
     assert "num_nodes" in result.output and "[DAG TEST] starting task_id=job.provision" not in result.output
     assert "airflow_sky_secret__" not in _variables(airflow_home)  # the teardown ran all the same
@@ -87,7 +95,7 @@ def test_a_conf_cannot_name_the_variable_of_another_runs_secret(run_dag, airflow
         [AIRFLOW, "variables", "set", foreign, SECRET], env=airflow_home, check=True, capture_output=True
     )
     conf = {"task": Task(run="echo $TOKEN").to_dict(), "secrets": {"TOKEN": foreign}}
-    result = run_dag("airflow_sky_jobs", SOURCE, conf=conf)
+    result = run_dag("airflow_sky_jobs", SOURCE, conf=conf, env=LOCAL_ALLOWED)
     assert result.returncode != 0
     assert "secrets: must list the secrets' names" in result.output
     assert SECRET not in result.output
@@ -119,7 +127,10 @@ def test_a_pipeline_conf_runs_its_jobs_in_order_each_on_its_own_cluster_and_skip
     run_dag, tmp_path
 ):
     result = run_dag(
-        "airflow_sky_jobs", PIPELINE_SOURCE, conf=_pipeline_conf(tmp_path, 'touch "$PROBE/prepared"')
+        "airflow_sky_jobs",
+        PIPELINE_SOURCE,
+        conf=_pipeline_conf(tmp_path, 'touch "$PROBE/prepared"'),
+        env=LOCAL_ALLOWED,
     )
     assert result.returncode == 0, result.digest
     assert sorted((tmp_path / "trained").read_text().split()) == ["0", "1"]
@@ -132,8 +143,41 @@ def test_a_pipeline_conf_runs_its_jobs_in_order_each_on_its_own_cluster_and_skip
 
 
 def test_a_failed_pipeline_job_stops_the_jobs_after_it(run_dag, tmp_path):
-    result = run_dag("airflow_sky_jobs", PIPELINE_SOURCE, conf=_pipeline_conf(tmp_path, "exit 7"))
+    result = run_dag(
+        "airflow_sky_jobs", PIPELINE_SOURCE, conf=_pipeline_conf(tmp_path, "exit 7"), env=LOCAL_ALLOWED
+    )
     assert result.returncode != 0
     assert "rank 0 failed with exit code 7" in result.output
     assert not (tmp_path / "trained").exists()
     assert "[DAG TEST] starting task_id=job2.provision" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("settings", "hostile", "refusal"),
+    [
+        # The worker's own key as a file_mount, on a deployment that allows everything: never.
+        (
+            {"AIRFLOW__SKY__MANAGED_INFRAS": "*, local"},
+            {"file_mounts": {"/tmp/k": "{key}"}},
+            "the run conf: task.file_mounts./tmp/k ({key}): names a path on the Airflow worker",
+        ),
+        # The default policy: `local` (the worker host itself) is not for a run conf.
+        ({}, {}, "the run conf: infra: local is not allowed here; every infra but local is"),
+    ],
+)
+def test_a_hostile_conf_fails_the_spec_task_with_the_policys_line_before_any_node(
+    run_dag, tmp_path, settings, hostile, refusal
+):
+    key = tmp_path / "id_worker"
+    key.write_text("WORKER-PRIVATE-KEY-MARKER\n")
+    fields = {k: {d: s.format(key=key) for d, s in v.items()} for k, v in hostile.items()}
+    task = {"run": "cat /tmp/k; echo ran > " + str(tmp_path / "ran"), **fields}
+    conf = {"task": task, "secrets": [], "infra": "local", "cluster_name": "hostile-c"}
+
+    result = run_dag("airflow_sky_jobs", SOURCE, conf=conf, env=settings)
+
+    assert result.returncode != 0
+    assert refusal.format(key=key) in result.output, result.digest
+    assert "[DAG TEST] starting task_id=job.provision" not in result.output
+    assert "WORKER-PRIVATE-KEY-MARKER" not in result.output and not (tmp_path / "ran").exists()
+    assert daemon.processes_with_marker("hostile-c") == []

@@ -75,6 +75,7 @@ def _run(
         **airflow_home,
         "AIRFLOW_CONN_AWS_DEFAULT": s3.connection,
         "AIRFLOW__SKY__JOBS_BUCKET": JOBS_BUCKET,
+        "AIRFLOW__SKY__MANAGED_INFRAS": "local",  # the deployment opts in to running confs on local nodes
     }
     done = subprocess.run(
         [sys.executable, str(dags / "airflow_sky_jobs.py"), when.isoformat(), json.dumps(conf)],

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.filesize import decimal
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 from rich.table import Table
+from rich.text import Text
 
 from airflow_sky.errors import SpecError
 
@@ -189,7 +190,8 @@ def _queue(args: argparse.Namespace) -> int:
         table.add_column(column, no_wrap=column in ("ID", "STATUS"))
     now = datetime.now(UTC)
     for job in jobs:
-        table.add_row(
+        # Text, not markup: a run conf is anyone's who may trigger the DAG (`[/x]` in it is no style).
+        cells = (
             job.job_id,
             job.name,
             str(job.num_nodes or "-"),
@@ -199,6 +201,7 @@ def _queue(args: argparse.Namespace) -> int:
             str(job.recoveries),
             job.status,
         )
+        table.add_row(*(Text(cell) for cell in cells))
     console.print(table)
     return 0
 

@@ -1,0 +1,227 @@
+"""What a managed job's run conf may ask of a shared deployment, as pure rules.
+
+Whoever may trigger the managed jobs DAG (the UI, the REST API, `airflow-sky jobs launch`) writes its run
+conf; the deployment's workers act on it with their own files and credentials. So the conf is checked
+against the deployment's policy, from the `[sky]` section of the Airflow config:
+
+    managed_infras          infras a run may use: names or globs (`aws`, `aws/us-*`, `ssh/gpu-pool`);
+                            default: every infra except `local`, which only a literal `local` allows
+    managed_cluster_names   globs a named cluster must match (default `*`; a run without a name gets its own)
+    managed_buckets         when set, the only buckets (or `bucket/prefix`es) a task may mount
+
+and, whatever the policy, a conf names no path on the worker: no local workdir, no local file_mounts
+source, no local git URL, no GIT_SSH_KEY_PATH (each would be read by the worker and sent to a node).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from airflow_sky.errors import SpecError
+from airflow_sky.task.storage import BucketMount, bucket_mounts, default_store, parse_bucket_uri
+from airflow_sky.task.task import Task, is_bucket_uri
+
+LOCAL = "local"
+SETTINGS = ("managed_infras", "managed_cluster_names", "managed_buckets")
+_SPLIT = re.compile(r"[\s,]+")
+# Git URLs a node clones from (and the worker asks with ls-remote): http(s), ssh, git, or scp-like host:path.
+_REMOTE_GIT_URL = re.compile(r"^(?:(?:https?|ssh|git)://|(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9.-]+:(?!//))", re.I)
+_KEY_PATH_VARIABLE = "GIT_SSH_KEY_PATH"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfPolicy:
+    """The deployment's rules for run confs (see the module's docstring); the defaults are the safe ones."""
+
+    infras: tuple[str, ...] = ()  # () : every infra but local
+    cluster_names: tuple[str, ...] = ("*",)
+    buckets: tuple[str, ...] | None = None  # None: any bucket the deployment's credentials reach
+    default_store: str | None = None  # `[sky] default_store`: the store of a bucket named without one
+    jobs_bucket: str | None = None  # `[sky] jobs_bucket`: there, a run reads its own uploads only
+
+    @classmethod
+    def from_settings(
+        cls,
+        get: Callable[[str], str | None],
+        default_store: str | None = None,
+        jobs_bucket: str | None = None,
+    ) -> ConfPolicy:
+        """The policy from the settings `get(name)` reads (None or "" when unset). A bucket that is not a
+        bucket URI raises SpecError naming the setting."""
+        infras = tuple(_items(get("managed_infras")))
+        names = tuple(_items(get("managed_cluster_names"))) or ("*",)
+        buckets_setting = get("managed_buckets")
+        buckets = None
+        if buckets_setting and buckets_setting.strip():
+            setting = setting_name("managed_buckets")
+            buckets = tuple(_allowed_bucket(setting, item).uri for item in _items(buckets_setting))
+        jobs = _allowed_bucket(setting_name("jobs_bucket"), jobs_bucket.strip()).uri if jobs_bucket else None
+        return cls(tuple(i.lower() for i in infras), names, buckets, default_store, jobs)
+
+
+def setting_name(name: str) -> str:
+    """How a setting is named in errors: its Airflow config key and environment variable."""
+    return f"[sky] {name} (AIRFLOW__SKY__{name.upper()})"
+
+
+def _items(value: str | None) -> list[str]:
+    return [item for item in _SPLIT.split(value or "") if item]
+
+
+def _allowed_bucket(setting: str, item: str) -> BucketMount:
+    if not is_bucket_uri(item):
+        raise SpecError(
+            f"{setting}: {item!r} is not a bucket URI; write s3://<bucket>[/<prefix>] or gs://..."
+        )
+    mount = parse_bucket_uri(setting, item)
+    _check_segments(setting, mount)
+    return mount
+
+
+# ---- the rules ---------------------------------------------------------------------------------------
+
+
+def worker_paths(task: Mapping[str, Any]) -> list[str]:
+    """The fields of a run conf's task mapping (as written, before it is parsed) that name something on the
+    worker, as `field (value)`: a local workdir or git URL, local file_mounts sources, GIT_SSH_KEY_PATH."""
+    found: list[str] = []
+    workdir = task.get("workdir")
+    if isinstance(workdir, str):
+        found.append(f"workdir ({workdir})")
+    elif isinstance(url := _mapping_get(workdir, "url"), str) and not _REMOTE_GIT_URL.match(url):
+        found.append(f"workdir.url ({url})")
+    mounts = task.get("file_mounts")
+    for dst, src in mounts.items() if isinstance(mounts, Mapping) else ():
+        if isinstance(src, str) and not is_bucket_uri(src):
+            found.append(f"file_mounts.{dst} ({src})")
+        elif isinstance(src, Mapping):
+            source = src.get("source")
+            sources = source if isinstance(source, list) else [source] if source is not None else []
+            if any(not (isinstance(s, str) and is_bucket_uri(s)) for s in sources):
+                found.append(f"file_mounts.{dst}.source ({source})")
+    for section in ("envs", "secrets"):
+        values = task.get(section)
+        if isinstance(values, Mapping) and _KEY_PATH_VARIABLE in values:
+            found.append(f"{section}.{_KEY_PATH_VARIABLE}")
+    return found
+
+
+def _mapping_get(value: object, key: str) -> object:
+    return value.get(key) if isinstance(value, Mapping) else None
+
+
+def check_no_worker_paths(task: Mapping[str, Any], source: str) -> None:
+    """SpecError for the first field of `task` that names something on the worker."""
+    found = worker_paths(task)
+    if found:
+        raise SpecError(
+            f"{source}: task.{found[0]}: names a path on the Airflow worker, which a run conf may never do; "
+            "`airflow-sky jobs launch` uploads local files to the jobs bucket, or use a bucket URI or a "
+            "git workdir (https:// or ssh)"
+        )
+
+
+def infra_allowed(policy: ConfPolicy, infra: str) -> bool:
+    """Whether a run may use `infra`: `local` only when listed as such; else a listed name covers itself and
+    what is below it (`aws` covers `aws/us-east-1`), a glob matches the whole infra."""
+    infra = infra.strip().lower()
+    if infra.split("/", 1)[0] == LOCAL:
+        return LOCAL in policy.infras
+    if not policy.infras:
+        return True
+    return any(_infra_matches(pattern, infra) for pattern in policy.infras if pattern != LOCAL)
+
+
+def _infra_matches(pattern: str, infra: str) -> bool:
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(infra, pattern)
+    return infra == pattern or infra.startswith(pattern.rstrip("/") + "/")
+
+
+def cluster_allowed(policy: ConfPolicy, cluster_name: str) -> bool:
+    return any(fnmatch.fnmatchcase(cluster_name, pattern) for pattern in policy.cluster_names)
+
+
+def bucket_allowed(policy: ConfPolicy, mount: BucketMount, own: Iterable[str] = ()) -> bool:
+    """Whether the task may mount `mount`: in the jobs bucket only below the run's `own` prefixes (its
+    uploads); elsewhere any bucket without an allow-list, else one the list (or `own`) covers. A prefix with
+    `.` or `..` segments is covered by nothing."""
+    own = tuple(own)
+    if _bad_segments(mount.prefix):
+        return False
+    if policy.jobs_bucket and (
+        _covers(policy.jobs_bucket, mount.uri) or _covers(mount.uri, policy.jobs_bucket)
+    ):
+        return any(_covers(prefix, mount.uri) for prefix in own)
+    if policy.buckets is None:
+        return True
+    return any(_covers(allowed, mount.uri) for allowed in (*policy.buckets, *own))
+
+
+def _covers(allowed: str, uri: str) -> bool:
+    """Whether `uri` is `allowed` or below it (at a `/`: s3://a/b covers s3://a/b/c, not s3://a/bc)."""
+    return uri == allowed or uri.startswith(allowed.rstrip("/") + "/")
+
+
+def _bad_segments(prefix: str) -> bool:
+    return any(part in (".", "..", "") for part in prefix.split("/")) if prefix else False
+
+
+def _check_segments(field: str, mount: BucketMount) -> None:
+    if _bad_segments(mount.prefix):
+        raise SpecError(f"{field}: {mount.uri}: a bucket prefix with empty, `.` or `..` segments")
+
+
+def check_run_conf(
+    policy: ConfPolicy,
+    task: Task,
+    infra: str,
+    cluster_name: str | None,
+    uploads: str | None,
+    source: str,
+) -> None:
+    """Refuse (SpecError, one line naming the field) what the deployment's policy does not allow: the infra
+    (and every infra the task's resources name), the cluster name, and the task's buckets."""
+    for field, value in [("infra", infra)] + [
+        ("task.resources.infra", c.infra) for c in task.resources.candidates() if c.infra
+    ]:
+        if not infra_allowed(policy, value):
+            raise SpecError(f"{source}: {field}: {value} is not allowed here; {_allowed_infras(policy)}")
+    if cluster_name is not None and not cluster_allowed(policy, cluster_name):
+        raise SpecError(
+            f"{source}: cluster_name: {cluster_name} is not allowed here; names must match "
+            f"{', '.join(policy.cluster_names)} ({setting_name('managed_cluster_names')}), or leave it out "
+            "for a cluster of the run's own"
+        )
+    if policy.buckets is None and policy.jobs_bucket is None:
+        return
+    own = [uploads] if uploads else []
+    for mount in bucket_mounts(task, default_store(infra, policy.default_store)):
+        if not bucket_allowed(policy, mount, own):
+            raise SpecError(
+                f"{source}: task.file_mounts.{mount.destination}: bucket {mount.uri} is not allowed here; "
+                f"{_allowed_buckets(policy, mount)}"
+            )
+
+
+def _allowed_buckets(policy: ConfPolicy, mount: BucketMount) -> str:
+    if _bad_segments(mount.prefix):
+        return "a bucket prefix has no empty, `.` or `..` segments"
+    if policy.jobs_bucket and (
+        _covers(policy.jobs_bucket, mount.uri) or _covers(mount.uri, policy.jobs_bucket)
+    ):
+        return (
+            f"it holds the runs' uploads ({setting_name('jobs_bucket')}), of which a run reads its own only"
+        )
+    return f"allowed: {', '.join(policy.buckets or ())} ({setting_name('managed_buckets')})"
+
+
+def _allowed_infras(policy: ConfPolicy) -> str:
+    setting = setting_name("managed_infras")
+    if not policy.infras:
+        return f"every infra but local is ({setting} is not set; `local` runs on the worker itself)"
+    return f"allowed: {', '.join(policy.infras)} ({setting})"
