@@ -6,7 +6,6 @@ and cancel read and act on the cluster itself (its job state, kept by the infra,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -17,16 +16,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from airflow_sky.client import ssh_config
+from airflow_sky.client import cluster_index, ssh_config
 from airflow_sky.client.engine import JobOutcome, LaunchOptions, bind_private_home
 from airflow_sky.client.events import Event
 from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.gang.job import JobHandle, JobStatus, sanitize_cluster_name
-from airflow_sky.infra.home import sky_home
 from airflow_sky.task import Task
 
 if TYPE_CHECKING:  # these load Airflow, which engine.prepare_airflow must configure first
     from airflow_sky.gang.cluster_jobs import ClusterJobs
+    from airflow_sky.infra.base import Node
     from airflow_sky.infra.cluster import Cluster
 
 __all__ = [
@@ -75,39 +74,36 @@ def cluster_name_note(name: str) -> str | None:
 # ---- which infra a cluster lives on (a lookup hint; the infra itself is the source of truth) -------------
 
 
-def _index_path() -> Any:
-    return sky_home() / "clusters.json"
-
-
-def _read_index() -> dict[str, str]:
-    try:
-        data: dict[str, str] = json.loads(_index_path().read_text())
-        return data
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 def _remember(cluster_name: str, infra: str | None) -> None:
-    index = _read_index()
-    if infra is None:
-        index.pop(cluster_name, None)
-    else:
-        index[cluster_name] = infra
-    path = _index_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(index, indent=1, sort_keys=True))
+    cluster_index.remember(cluster_name, infra)
 
 
 def infra_of(cluster_name: str, infra: str | None = None) -> str:
-    return infra or _read_index().get(cluster_name, "local")
+    return infra or cluster_index.infra_hint(cluster_name) or "local"
 
 
 def cluster_of(cluster_name: str, infra: str | None = None) -> Cluster:
-    """The cluster `cluster_name` on the infra it was launched on (or `infra`)."""
+    """The cluster `cluster_name` on the infra it was launched on (or `infra`). A name the local index
+    does not know is looked for on every infra configured here (client/cluster_search.py)."""
     bind_private_home()
+    from airflow_sky.client.cluster_search import locate
     from airflow_sky.infra.registry import open_cluster
 
-    return open_cluster(cluster_name, infra_of(cluster_name, infra))
+    return open_cluster(cluster_name, infra or cluster_index.infra_hint(cluster_name) or locate(cluster_name))
+
+
+def _existing(cluster_name: str) -> tuple[Cluster, list[Node]]:
+    """The cluster and its nodes; when the infra the index names no longer has it, the others are asked."""
+    from airflow_sky.client.cluster_search import locate
+    from airflow_sky.infra.registry import open_cluster
+
+    cluster = cluster_of(cluster_name)
+    nodes = cluster.nodes()
+    if nodes:
+        return cluster, nodes
+    forget(cluster_name)  # the record was stale: its ssh entries lead nowhere
+    cluster = open_cluster(cluster_name, locate(cluster_name, already_searched=[cluster.infra]))
+    return cluster, cluster.nodes()
 
 
 def _jobs(cluster_name: str, infra: str | None = None) -> ClusterJobs:
@@ -322,10 +318,7 @@ def cancel(cluster_name: str, job_ids: Sequence[int] | None = None, all: bool = 
 
 def down(cluster_name: str) -> None:
     """Terminate every node of the cluster and forget its ssh entries."""
-    cluster = cluster_of(cluster_name)
-    if not cluster.nodes():
-        forget(cluster_name)
-        raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
+    cluster, _ = _existing(cluster_name)
     cluster.terminate()
     forget(cluster_name)
 
@@ -338,10 +331,7 @@ def stop(cluster_name: str) -> None:
     """
     from airflow_sky.infra.base import NodeStatus
 
-    cluster = cluster_of(cluster_name)
-    nodes = cluster.nodes()
-    if not nodes:
-        raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
+    cluster, nodes = _existing(cluster_name)
     try:
         action = cluster.cloud.autostop_action(cluster_name, down=False)
         cluster.cloud.prepare_autostop(cluster_name, down=False)
@@ -365,10 +355,7 @@ def start(cluster_name: str) -> None:
     """Start a stopped cluster again (same disks), as `sky start`; its nodes may get new addresses."""
     from airflow_sky.infra.base import NodeStatus, ProvisionRequest
 
-    cluster = cluster_of(cluster_name)
-    nodes = cluster.nodes()
-    if not nodes:
-        raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
+    cluster, nodes = _existing(cluster_name)
     if all(n.status is NodeStatus.RUNNING for n in nodes):
         return
     if not any(n.status is NodeStatus.STOPPED for n in nodes):
@@ -383,10 +370,7 @@ def autostop(cluster_name: str, idle_minutes: int | None, down: bool = False) ->
     """Arm every node's autostop watcher (`sky autostop -i N [--down]`); idle_minutes None cancels it."""
     from airflow_sky.task import Resources
 
-    cluster = cluster_of(cluster_name)
-    nodes = cluster.nodes()
-    if not nodes:
-        raise ClusterError(f"cluster {cluster_name!r} not found on {cluster.infra}")
+    cluster, nodes = _existing(cluster_name)
     if idle_minutes is not None and idle_minutes < 0:
         raise SpecError(f"-i/--idle-minutes: must be >= 0, got {idle_minutes}")
     config: dict[str, Any] | bool = (
@@ -413,18 +397,40 @@ def _first_clause(error: Exception) -> str:
     return str(error).split(";", 1)[0].split(": ", 1)[-1]
 
 
-def status(cluster_names: Sequence[str] | None = None, infra: str = "local") -> list[dict[str, Any]]:
-    """Clusters with their nodes: [{"name", "infra", "status": UP|...|NOT_FOUND, "nodes": [...]}]."""
+def status(cluster_names: Sequence[str] | None = None, infra: str | None = None) -> list[dict[str, Any]]:
+    """Clusters with their nodes: [{"name", "infra", "status": UP|...|NOT_FOUND, "nodes": [...]}].
+
+    Named clusters without `infra` are found as `down` finds them (the index, else every infra configured
+    here); a NOT_FOUND one has the search's message under "note". With `infra`, that infra is asked and a
+    named cluster found there is recorded. Without names: every cluster of `infra` (default local).
+    """
     bind_private_home()
+    if cluster_names and infra is None:
+        return [_status_of(name) for name in cluster_names]
     from airflow_sky.infra.registry import get_cloud
 
+    infra = infra or "local"
     cloud = get_cloud(infra)
     result = []
     for name in cluster_names or list(cloud.clusters()):
         nodes = cloud.nodes(name)
-        states = sorted({n.status.value for n in nodes})
-        summary = "NOT_FOUND" if not nodes else "UP" if states == ["RUNNING"] else ",".join(states)
-        result.append(
-            {"name": name, "infra": infra, "status": summary, "nodes": [n.to_dict() for n in nodes]}
-        )
+        if cluster_names and nodes:
+            _remember(name, infra)  # `status --infra I NAME` is how a user says where an ambiguous name lives
+        result.append(_status_row(name, infra, nodes))
     return result
+
+
+def _status_of(cluster_name: str) -> dict[str, Any]:
+    from airflow_sky.client.cluster_search import ClusterNotFound
+
+    try:
+        cluster, nodes = _existing(cluster_name)
+    except ClusterNotFound as e:
+        return _status_row(cluster_name, None, []) | {"note": str(e)}
+    return _status_row(cluster_name, cluster.infra, nodes)
+
+
+def _status_row(name: str, infra: str | None, nodes: Sequence[Node]) -> dict[str, Any]:
+    states = sorted({n.status.value for n in nodes})
+    summary = "NOT_FOUND" if not nodes else "UP" if states == ["RUNNING"] else ",".join(states)
+    return {"name": name, "infra": infra, "status": summary, "nodes": [n.to_dict() for n in nodes]}

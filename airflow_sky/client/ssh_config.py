@@ -7,13 +7,16 @@ keys); `~/.ssh/config` gets one `Include` line for all of them. `down` removes t
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from airflow_sky.client import record_files
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.home import sky_home, user_ssh_config
 
 _MARKER = "# Added by airflow-sky: host entries of launched clusters"
+_ENTRIES_LOCK = "entries"  # ~/.airflow_sky/ssh/.entries.lock guards the per-cluster files
 
 
 def config_dir() -> Path:
@@ -48,6 +51,7 @@ def config_text(
                     f'  IdentityFile "{key_files[node.rank]}"',
                     "  IdentitiesOnly yes",
                     f'  UserKnownHostsFile "{known_hosts}"',
+                    "  GlobalKnownHostsFile /dev/null",
                     "  StrictHostKeyChecking yes",
                     "  LogLevel ERROR",
                 ]
@@ -57,29 +61,61 @@ def config_text(
 
 
 def write_entries(cluster_name: str, nodes: Sequence[Node], key_files: Mapping[int, str]) -> Path:
-    """Write the cluster's host entries and make sure the user's ssh config includes them."""
+    """Write the cluster's host entries and make sure the user's ssh config includes them.
+
+    Concurrent launches and downs each hold the entries' lock: a cluster's config and known_hosts files
+    are replaced together, never one half of each writer's.
+    """
     directory = config_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     known_hosts = directory / f"{cluster_name}.known_hosts"
-    known_hosts.write_text(known_hosts_text(nodes))
     path = directory / f"{cluster_name}.config"
-    path.write_text(config_text(cluster_name, nodes, key_files, known_hosts))
+    with record_files.locked(directory / _ENTRIES_LOCK, guards=[known_hosts, path]):
+        record_files.replace_atomically(known_hosts, known_hosts_text(nodes), mode=0o600)
+        record_files.replace_atomically(
+            path, config_text(cluster_name, nodes, key_files, known_hosts), mode=0o600
+        )
     _ensure_include(directory)
     return path
 
 
 def remove_entries(cluster_name: str) -> None:
-    for suffix in (".config", ".known_hosts"):
-        (config_dir() / f"{cluster_name}{suffix}").unlink(missing_ok=True)
+    directory = config_dir()
+    with record_files.locked(directory / _ENTRIES_LOCK):
+        for suffix in (".config", ".known_hosts"):
+            record_files.remove(directory / f"{cluster_name}{suffix}")
+
+
+def include_line(directory: Path) -> str:
+    return f'Include "{directory}/*.config"'
+
+
+def with_include(current: str, directory: Path) -> str | None:
+    """The user's ssh config with the Include line at the top (Include must precede Host blocks);
+    None when it has the line already."""
+    include = include_line(directory)
+    if any(line.strip() == include for line in current.splitlines()):
+        return None
+    return f"{_MARKER}\n{include}\n\n{current}"
 
 
 def _ensure_include(directory: Path) -> None:
-    """Add `Include <dir>/*.config` at the top of the user's ssh config (Include must precede Host blocks)."""
-    config = user_config()
-    include = f'Include "{directory}/*.config"'
-    current = config.read_text() if config.exists() else ""
-    if include in current:
-        return
+    """Add the Include line to the user's ssh config, keeping everything else in it, its mode, and a
+    symlink to it (a dotfiles checkout) pointing where it did."""
+    config = Path(os.path.realpath(user_config()))
+    if (current := _read(config)) is not None and with_include(current, directory) is None:
+        return  # there already: the usual case takes no lock
     config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    config.write_text(f"{_MARKER}\n{include}\n\n{current}")
-    os.chmod(config, 0o600)
+    with record_files.locked(config):
+        current = _read(config)
+        text = with_include(current or "", directory)
+        if text is None:
+            return
+        mode = stat.S_IMODE(config.stat().st_mode) if current is not None else 0o600
+        record_files.replace_atomically(config, text, mode=mode)
+
+
+def _read(config: Path) -> str | None:
+    try:
+        return config.read_text(encoding="utf-8", errors="surrogateescape")
+    except FileNotFoundError:
+        return None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from airflow_sky.client.cli.common import (
@@ -80,7 +81,11 @@ def register(subparsers: Any) -> None:
 
     status = subparsers.add_parser("status", help="show clusters and their nodes")
     status.add_argument("clusters", nargs="*", help="only these clusters")
-    status.add_argument("--infra", default="local", help="infra to query (default: local)")
+    status.add_argument(
+        "--infra",
+        help="infra to query (default: local; named clusters: where they were launched, else every infra "
+        "configured here)",
+    )
     status.set_defaults(handler=_status)
 
     down_cmd = subparsers.add_parser(
@@ -380,17 +385,26 @@ def _status(args: argparse.Namespace) -> int:
     clusters = sdk.status(args.clusters or None, infra=args.infra)
     console = terminal_console()
     if not clusters:
-        console.print(f"No clusters on {args.infra}.")
+        console.print(f"No clusters on {args.infra or 'local'}.")
         return 0
-    table = Table(title=f"Clusters ({args.infra})")
-    for column in ("NAME", "NODES", "HEAD IP", "STATUS"):
+    infras = sorted({c["infra"] for c in clusters if c.get("infra")})
+    by_infra = len(infras) > 1  # named clusters on several infras: a column says which
+    table = Table(title=f"Clusters ({escape(infras[0])})" if len(infras) == 1 else "Clusters")
+    for column in ("NAME", *(["INFRA"] if by_infra else []), "NODES", "HEAD IP", "STATUS"):
         table.add_column(column, overflow="fold")
     for cluster in clusters:
         nodes = cluster["nodes"]
         table.add_row(
-            cluster["name"], str(len(nodes)), nodes[0]["internal_ip"] if nodes else "-", cluster["status"]
+            cluster["name"],
+            *([escape(cluster.get("infra") or "-")] if by_infra else []),
+            str(len(nodes)),
+            nodes[0]["internal_ip"] if nodes else "-",
+            cluster["status"],
         )
     console.print(table)
+    for cluster in clusters:
+        if cluster.get("note"):
+            print(f"{cluster['name']}: {cluster['note']}")
     return 0
 
 
