@@ -8,15 +8,19 @@
 A file with several YAML documents is a pipeline: one DAG running its tasks in order (or side by side with
 `execution: parallel`), see airflow_sky.dags.pipeline.
 
-A broken task or sidecar does not stop the others from loading. It becomes a DAG of its own, tagged
-`broken`, whose description is the one-line SpecError (file, field, rule) and whose only task fails with
-it: the UI's DAG list shows it (warnings only reach the dag-processor's log). It is also warned about.
+A broken task or sidecar does not stop the others from loading, whatever is wrong with it (a SpecError, a
+setting Airflow refuses, a file that is not text). It becomes a DAG of its own, tagged `broken`, whose
+description is the one-line error (file, field, rule) and whose only task fails with it: the UI's DAG list
+shows it. It is also warned about: the DagBag records the warning under the YAML file's name, and the
+dag-processor's log shows it.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import warnings
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,7 @@ import pendulum
 
 from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.task.diagnostics import one_line, show, unknown_field_message
+from airflow_sky.task.text_files import read_text_file
 from airflow_sky.task.yaml_io import parse_yaml
 
 SIDECAR_SUFFIX = ".dag.yaml"
@@ -63,7 +68,7 @@ def read_sidecar(path: Path) -> dict[str, Any]:
     """The sidecar's settings, validated; a SpecError names the file and the field (did you mean ...?)."""
     if not path.exists():
         return {}
-    data = parse_yaml(path.read_text(encoding="utf-8"), str(path))
+    data = parse_yaml(read_text_file(path), str(path))
     if not isinstance(data, dict):
         raise SpecError(f"{path}: must be a mapping of DAG settings, got {show(data)}")
     allowed = SIDECAR_SCHEMA["properties"]
@@ -75,7 +80,24 @@ def read_sidecar(path: Path) -> dict[str, Any]:
     except jsonschema.ValidationError as e:
         field = ".".join(str(p) for p in e.absolute_path) or "<root>"
         raise SpecError(one_line(f"{path}: {field}: {e.message}")) from e
+    if "start_date" in data:
+        _start_date(data["start_date"], path)
     return dict(data)
+
+
+def _start_date(text: str, path: Path) -> Any:
+    """The sidecar's start_date as a pendulum DateTime; a SpecError naming the field otherwise."""
+    parsed: Any
+    try:
+        parsed = pendulum.parse(text)
+    except (ValueError, TypeError, OverflowError):  # pendulum's ParserError is a ValueError
+        parsed = None
+    if not isinstance(parsed, datetime.datetime):  # a time of day or a duration parses too
+        raise SpecError(
+            f"{path}: start_date: must be a date or a date and time (2026-01-01, 2026-01-01T06:00:00Z), "
+            f"got {show(text)}"
+        )
+    return parsed
 
 
 def _dag_kwargs(settings: dict[str, Any], default_id: str) -> dict[str, Any]:
@@ -102,18 +124,26 @@ def _default_dag_id(path: Path) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
 
 
-def dag_from_task_file(path: Path) -> Any:
-    """One task YAML, or pipeline YAML, (with its sidecar) as a DAG; raises SpecError naming file and field."""
-    from airflow.sdk import DAG
+def dag_from_task_file(path: Path, taken: Mapping[str, Any] | None = None) -> Any:
+    """One task YAML, or pipeline YAML, (with its sidecar) as a DAG; raises SpecError naming file and field.
 
+    `taken`: the DAG ids already built from the folder; this file's may not be one of them. The DAG is
+    registered (as a `with DAG` block in a DAG file does) only once Airflow's own checks accept it.
+    """
     from airflow_sky.dags.job import sky_job
     from airflow_sky.dags.pipeline import sky_pipeline
     from airflow_sky.task import Task
     from airflow_sky.task.pipeline import Pipeline, is_pipeline_file
 
-    settings = read_sidecar(
-        path.with_name(path.name.removesuffix(".yaml").removesuffix(".yml") + SIDECAR_SUFFIX)
-    )
+    sidecar = path.with_name(path.name.removesuffix(".yaml").removesuffix(".yml") + SIDECAR_SUFFIX)
+    settings = read_sidecar(sidecar)
+    kwargs = _dag_kwargs(settings, default_id=_default_dag_id(path))
+    if kwargs["dag_id"] in (taken or {}):
+        where = f"{sidecar}: dag_id" if "dag_id" in settings else f"{path}: DAG id"
+        raise SpecError(
+            f"{where}: {kwargs['dag_id']!r} is already the id of another DAG of this folder; give this file "
+            f"a dag_id of its own in {sidecar.name}"
+        )
     overrides = {k: str(v) for k, v in (settings.get("envs") or {}).items()}
     job_kwargs: dict[str, Any] = {
         "cluster_name": settings.get("cluster_name"),
@@ -126,12 +156,27 @@ def dag_from_task_file(path: Path) -> Any:
     }
     if is_pipeline_file(path):
         pipeline = Pipeline.from_yaml(path, env_overrides=overrides or None)
-        with DAG(**_dag_kwargs(settings, default_id=_default_dag_id(path))) as dag:
-            sky_pipeline(pipeline, **job_kwargs)
-        return dag
+        return _registered_dag(kwargs, lambda: sky_pipeline(pipeline, **job_kwargs), sidecar)
     task = Task.from_yaml(path, env_overrides=overrides or None)
-    with DAG(**_dag_kwargs(settings, default_id=_default_dag_id(path))) as dag:
-        sky_job(task, **job_kwargs)
+    return _registered_dag(kwargs, lambda: sky_job(task, **job_kwargs), sidecar)
+
+
+def _registered_dag(kwargs: dict[str, Any], build: Callable[[], Any], sidecar: Path) -> Any:
+    """The DAG of `kwargs` with `build()`'s tasks, checked as the DagBag will check it (a schedule Airflow
+    cannot read fails here, as this file's error), then registered with the DAG file."""
+    from airflow.sdk import DAG
+
+    try:
+        with DAG(**kwargs, auto_register=False) as dag:
+            build()
+        dag.validate()
+    except SkyError:
+        raise
+    except Exception as e:  # Airflow refused the DAG settings (schedule, tags, ...): the sidecar's
+        raise SpecError(one_line(f"{sidecar}: Airflow refuses these DAG settings: {e}")) from e
+    dag.auto_register = True
+    with dag:  # leaving the block registers it with the DAG file being parsed
+        pass
     return dag
 
 
@@ -173,11 +218,17 @@ def dags_from_folder(path: str | os.PathLike[str]) -> dict[str, Any]:
         if task_file.name.endswith((SIDECAR_SUFFIX, ".dag.yml")):
             continue
         try:
-            dag = dag_from_task_file(task_file)
-        except SkyError as e:
-            warnings.warn_explicit(str(e), SkyFolderWarning, filename=str(task_file), lineno=1)
-            dag = broken_file_dag(task_file, e)
-            if dag.dag_id in dags:
-                continue
+            dag = dag_from_task_file(task_file, taken=dags)
+        except Exception as e:  # whatever one file does wrong, the folder's other DAGs still load
+            error = e if isinstance(e, SkyError) else _unexpected(task_file, e)
+            warnings.warn_explicit(str(error), SkyFolderWarning, filename=str(task_file), lineno=1)
+            if _default_dag_id(task_file) in dags:
+                continue  # its id is another file's DAG (the warning still names the file)
+            dag = broken_file_dag(task_file, error)
         dags[dag.dag_id] = dag
     return dags
+
+
+def _unexpected(path: Path, error: Exception) -> SpecError:
+    """An error no check foresaw, as one line naming the file (a bug to report, not a folder outage)."""
+    return SpecError(one_line(f"{path}: cannot become a DAG: {type(error).__name__}: {error}"))

@@ -21,7 +21,7 @@ from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
-from airflow_sky.node.client import FileTooLarge, NodeClient
+from airflow_sky.node.client import FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.git_workdir import resolve_commit
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import GitWorkdir, Task, envs
@@ -264,6 +264,10 @@ def read_result(client: NodeClient, handle: JobHandle, redact: Callable[[str], s
             f"XCom may be at most {MAX_RESULT_BYTES} bytes (it lives in the Airflow DB): write large "
             "outputs as artifacts (artifacts: in the task YAML) and return their paths",
             rank=node.rank,
+        ) from e
+    except UnsafeRemoteFile as e:
+        raise JobFailed(
+            f"rank {node.rank} ({node.internal_ip}): the job's result: {e}", rank=node.rank
         ) from e
     if raw is None:
         return None

@@ -25,7 +25,6 @@ from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
-from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import JobRecovery
 
 UNREACHABLE_GRACE_S = 5.0  # an unreachable node is triaged after this long (it may be a blip)
@@ -216,12 +215,11 @@ class PhaseWatcher:
     def _probe_rank(self, rank: int, check_liveness: bool) -> Probe:
         """The exit code file over SFTP (no process spawned on the node); liveness only now and then."""
         client = self.client(rank)
-        path = f"{JOBS_DIR}/{self.remote_job}/gen-{self.generation}/exit_code"
         try:
-            raw = client.read_file(path)
-            if raw and raw.strip().lstrip(b"-").isdigit():
+            code = jobs.read_exit_code(client, self.remote_job, self.generation)  # bounded read
+            if code is not None:
                 self._unreachable_since.pop(rank, None)
-                return Probe(rank, exit_code=int(raw.strip()))
+                return Probe(rank, exit_code=code)
             if check_liveness:
                 poll = jobs.poll_job(client, self.remote_job, self.generation, 0, max_bytes=0)
                 self._unreachable_since.pop(rank, None)

@@ -14,7 +14,7 @@ from typing import IO
 from urllib.parse import urlparse
 
 from airflow_sky.errors import JobFailed, SpecError
-from airflow_sky.node.client import NodeClient
+from airflow_sky.node.client import NodeClient, UnsafeRemoteFile
 from airflow_sky.node.paths import remote_path
 from airflow_sky.node.record import Node
 from airflow_sky.node.storage import SCHEMES, storage_path
@@ -72,11 +72,15 @@ def upload_artifacts(
         for path in paths:
             uri = destination_uri(destination, path, node.rank if per_rank else None)
             try:
-                with client.open_remote(remote_path(path)) as stream:
+                # A regular file only, read up to the size it had when opened: a job's link to /dev/zero
+                # or a FIFO must not stream forever into the destination.
+                with client.open_regular(remote_path(path)) as (stream, _size):
                     stream.prefetch()  # pipelined reads: SFTP round trips overlap
                     upload_stream(stream, uri, aws_conn_id, gcp_conn_id)  # type: ignore[arg-type]
             except FileNotFoundError as e:
                 raise JobFailed(f"artifact {path} is missing on rank {node.rank} ({node.internal_ip})") from e
+            except UnsafeRemoteFile as e:
+                raise JobFailed(f"artifact {path} on rank {node.rank} ({node.internal_ip}): {e}") from e
             log(f"artifact {path} (rank {node.rank}) -> {uri}")
             uploaded[f"rank{node.rank}:{path}" if per_rank else path] = uri
     return uploaded

@@ -23,6 +23,7 @@ import math
 import shlex
 
 from airflow_sky.node.paths import JOBS_DIR
+from airflow_sky.node.shell_reads import READ_SMALL
 
 AUTOSTOP_DIR = ".airflow_sky/autostop"
 ACTIVITY_PATH = ".airflow_sky/activity"
@@ -44,20 +45,21 @@ class NodeAutostop:
 def watch_script() -> str:
     """The watcher loop (watch.sh); it reads its settings anew each round, so re-arming needs no restart."""
     return f"""\
+{READ_SMALL}
 dir="$HOME/{AUTOSTOP_DIR}"
 activity="$HOME/{ACTIVITY_PATH}"
 echo $$ > "$dir/watcher.pid"
 while :; do
-  sleep "$(cat "$dir/check_s" 2>/dev/null || echo 60)"
+  sleep "$(small "$dir/check_s" || echo 60)"
   [ -s "$dir/idle_s" ] || {{ rm -f "$dir/watcher.pid"; exit 0; }}  # disarmed
-  idle_s=$(cat "$dir/idle_s"); floor=$(cat "$dir/floor_s" 2>/dev/null || echo 120)
+  idle_s=$(small "$dir/idle_s" || echo 0); floor=$(small "$dir/floor_s" || echo 120)
   [ "$idle_s" -ge "$floor" ] || idle_s=$floor
-  wait_for=$(cat "$dir/wait_for" 2>/dev/null || echo jobs_and_ssh)
+  wait_for=$(small "$dir/wait_for" || echo jobs_and_ssh)
   busy=0
   if [ "$wait_for" != none ]; then
     for p in "$HOME"/{JOBS_DIR}/*/gen-*/pid; do
       [ -e "$p" ] && [ ! -e "${{p%/pid}}/exit_code" ] || continue
-      pid=$(cat "$p" 2>/dev/null || true)
+      pid=$(small "$p" || true)
       case "$pid" in ''|*[!0-9]*|0|1) continue;; esac
       if kill -0 -- "-$pid" 2>/dev/null; then busy=1; break; fi
     done
@@ -90,7 +92,8 @@ echo {math.ceil(2 * autostop.check_s)} > "$dir/floor_s"
 touch "$dir/since" "$HOME/{ACTIVITY_PATH}"
 cat > "$dir/watch.sh" <<'AIRFLOW_SKY_WATCH'
 {watch_script()}AIRFLOW_SKY_WATCH
-pid=$(cat "$dir/watcher.pid" 2>/dev/null || true)
+{READ_SMALL}
+pid=$(small "$dir/watcher.pid" || true)
 case "$pid" in ''|*[!0-9]*) running=0;; *) kill -0 "$pid" 2>/dev/null && running=1 || running=0;; esac
 if [ $running = 0 ]; then
   setsid nohup bash "$dir/watch.sh" < /dev/null > /dev/null 2>&1 &
@@ -107,8 +110,9 @@ def disarm_command() -> str:
 def status_command() -> str:
     """`<idle_s|-> <watcher alive 0|1>`: what the node is armed with."""
     return f"""\
+{READ_SMALL}
 dir="$HOME/{AUTOSTOP_DIR}"
-pid=$(cat "$dir/watcher.pid" 2>/dev/null || true)
+pid=$(small "$dir/watcher.pid" || true)
 alive=0; case "$pid" in ''|*[!0-9]*) ;; *) kill -0 "$pid" 2>/dev/null && alive=1;; esac
-echo "$(cat "$dir/idle_s" 2>/dev/null || echo -) $alive"
+echo "$(small "$dir/idle_s" || echo -) $alive"
 """

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import logging
 import random
 import select
 import shlex
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +46,11 @@ def parse_host_key(host_key: str) -> paramiko.PKey:
 
 
 SFTP_TIMEOUT_S = 60.0  # the longest a node may take to answer one SFTP request
+# Reads of files a job can touch are bounded in bytes and time (see read_file, read_range).
+MAX_SMALL_FILE_BYTES = 1024 * 1024  # an exit code, a pid, a lock, a result (callers may ask for less or more)
+MAX_RANGE_BYTES = 16 * 1024 * 1024  # one read of a log
+READ_DEADLINE_S = 120.0
+_READ_BLOCK = 256 * 1024
 # Between connection attempts, as the SSH provider's own retry waits: 3 s plus up to 2 s.
 _RETRY_WAIT_S = 3.0
 _RETRY_JITTER_S = 2.0
@@ -69,6 +76,7 @@ class NodeSSHHook(SSHHook):
             keepalive_interval=15,
             conn_retry_attempts=conn_retry_attempts,
         )
+        self.node = node
         self.look_for_keys = False
         self.compress = False  # rsync compresses what needs it; zlib only slows small execs
         if not node.host_key:
@@ -87,45 +95,90 @@ class NodeSSHHook(SSHHook):
     def get_conn(self) -> paramiko.SSHClient:
         if self.client is not None and (transport := self.client.get_transport()) and transport.is_active():
             return self.client
-        if self.host_proxy_cmd:  # the user's ~/.ssh/config sends this host through a ProxyCommand
-            self.conn_retry_attempts = self.connect_attempts
-            try:
-                client = super().get_conn()
-            finally:
-                self.conn_retry_attempts = 1
-        else:
-            client = self._connect_nodelay()
-        transport = client.get_transport()
-        if transport is not None:
-            with contextlib.suppress(OSError, AttributeError):  # AttributeError: a ProxyCommand is no socket
-                transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
-        return client
-
-    def _connect_nodelay(self) -> paramiko.SSHClient:
-        """The provider's get_conn over a TCP socket made here with TCP_NODELAY from the start (handed over
-        as the provider hands a ProxyCommand to paramiko); a fresh socket for each attempt."""
         for attempt in range(1, self.connect_attempts + 1):
-            sock: socket.socket | None = None
             try:
-                sock = socket.create_connection((self.remote_host, self.port), timeout=self.conn_timeout)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.__dict__["host_proxy"] = sock  # the provider passes `host_proxy` as paramiko's sock
-                client = super().get_conn()
+                client = self._connect_pinned()
+            except HostKeyMismatch:
+                raise  # another machine answers at this address: trying again changes nothing
             except Exception as e:
-                if sock is not None:
-                    sock.close()
                 if attempt == self.connect_attempts:
                     raise
                 self.log.info("Failed to connect (%s). Sleeping before retry attempt %d", e, attempt + 1)
                 time.sleep(_RETRY_WAIT_S + random.uniform(0, _RETRY_JITTER_S))
                 continue
-            finally:
-                self.__dict__.pop("host_proxy", None)
-            transport = client.get_transport()
-            if transport is None or transport.sock is not sock:
-                sock.close()  # a provider that made its own socket: ours was never used
+            self.client = client
             return client
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _connect_pinned(self) -> paramiko.SSHClient:
+        """One connection that trusts the node's pinned host key and nothing else.
+
+        The provider's get_conn loads ~/.ssh/known_hosts (and the system's) before the pinned key, and
+        paramiko checks those first: a stale line for a recycled cloud IP or a reused loopback address would
+        fail a node whose key is exactly the pinned one. So the client is built here: no known_hosts file is
+        read, the pinned key is the only entry, and any other key is rejected (RejectPolicy).
+
+        TCP_NODELAY is set before the handshake (over our own socket); a ProxyCommand from the user's
+        ~/.ssh/config (the provider reads it) gets a fresh process per attempt.
+        """
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        pinned: paramiko.PKey = self.host_key  # type: ignore[assignment]
+        client.get_host_keys().add(self.known_hosts_name, pinned.get_name(), pinned)
+        sock: Any
+        if self.host_proxy_cmd:
+            sock = paramiko.ProxyCommand(self.host_proxy_cmd)
+        else:
+            sock = socket.create_connection((self.remote_host, self.port), timeout=self.conn_timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            client.connect(
+                hostname=self.remote_host,
+                port=int(self.port or 22),
+                username=self.username,
+                key_filename=self.key_file,
+                timeout=self.conn_timeout,
+                compress=self.compress,
+                sock=sock,
+                look_for_keys=False,
+                banner_timeout=self.banner_timeout,
+                auth_timeout=self.auth_timeout,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            sock.close()
+            raise HostKeyMismatch(self.node, e.key) from e
+        except BaseException:
+            client.close()
+            sock.close()
+            raise
+        if self.keepalive_interval:
+            client.get_transport().set_keepalive(self.keepalive_interval)  # type: ignore[union-attr]
+        return client
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name paramiko checks the host key under (`[host]:port` off port 22, as OpenSSH)."""
+        return self.remote_host if self.port == 22 else f"[{self.remote_host}]:{self.port}"
+
+
+class HostKeyMismatch(paramiko.SSHException):
+    """The node answered with a host key other than the one pinned in its record."""
+
+    def __init__(self, node: Node, presented: paramiko.PKey) -> None:
+        super().__init__(host_key_mismatch_message(node, f"{presented.get_name()} {presented.fingerprint}"))
+
+
+def host_key_mismatch_message(node: Node, presented: str = "another key") -> str:
+    """One line for every transport (paramiko, SFTP, rsync's ssh): the node is refused, and why."""
+    pinned = parse_host_key(node.host_key) if node.host_key else None
+    expected = f"{pinned.get_name()} {pinned.fingerprint}" if pinned else "none"
+    return (
+        f"refusing node rank {node.rank} at {node.ssh_host}:{node.ssh_port}: it presented host key "
+        f"{presented}, not the key pinned in its record ({expected}). airflow-sky trusts only the pinned key "
+        "(never ~/.ssh/known_hosts); another machine may now hold this address: check it, or provision the "
+        "node again"
+    )
 
 
 class _Connection:
@@ -152,6 +205,8 @@ class _Connection:
             if self.client is None or transport is None or not transport.is_active():
                 try:
                     self.client = self.hook.get_conn()
+                except HostKeyMismatch as e:
+                    raise RemoteError(str(e)) from e
                 except (paramiko.SSHException, OSError, EOFError) as e:  # EOF: the node died mid-handshake
                     raise RemoteError(
                         f"cannot reach node rank {self.node.rank} at {self.node.ssh_host}:{self.node.ssh_port}: {e}"
@@ -332,37 +387,58 @@ class NodeClient:
         with self._sftp_call(f"download of {remote_path}") as sftp:
             sftp.get(remote_path, str(local_path))
 
-    def read_file(self, remote_path: str, max_bytes: int | None = None) -> bytes | None:
+    def read_file(self, remote_path: str, max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes | None:
         """A small remote file's content, or None when it does not exist.
 
-        With `max_bytes`, a larger file raises FileTooLarge (its size) rather than being read.
+        Bounded whatever the node holds there (a job controls its files): a symlink, FIFO, device or
+        directory is refused (UnsafeRemoteFile) before it is opened, and at most `max_bytes` are read, by a
+        deadline; a larger file raises FileTooLarge.
         """
         with self._sftp_call(f"read of {remote_path}") as sftp:
+            size = self._regular_size(sftp, remote_path)
+            if size is None:
+                return None
+            if size > max_bytes:
+                raise FileTooLarge(remote_path, size, max_bytes)
             try:
                 with sftp.open(remote_path, "rb") as f:
-                    if max_bytes is not None:
-                        size = f.stat().st_size or 0
-                        if size > max_bytes:
-                            raise FileTooLarge(remote_path, size, max_bytes)
-                    return f.read()
+                    data = _read_bounded(f, max_bytes + 1, remote_path)
             except FileNotFoundError:
                 return None
+            if len(data) > max_bytes:  # it grew since the lstat
+                raise FileTooLarge(remote_path, len(data), max_bytes)
+            return data
 
     def read_range(self, remote_path: str, offset: int, max_bytes: int) -> tuple[bytes, int] | None:
-        """Up to `max_bytes` of a file from `offset`, and the file's size; None when it does not exist.
+        """Up to `max_bytes` (at most MAX_RANGE_BYTES) of a regular file from `offset`, and the file's size;
+        None when it does not exist. A symlink, FIFO, device or directory raises UnsafeRemoteFile.
 
         SFTP, so the node spawns no process: a log poll costs the node a few requests, not a shell.
         """
         with self._sftp_call(f"read of {remote_path}") as sftp:
+            size = self._regular_size(sftp, remote_path)
+            if size is None:
+                return None
+            want = min(max_bytes, MAX_RANGE_BYTES, size - offset)
+            if want <= 0:
+                return b"", size
             try:
                 with sftp.open(remote_path, "rb") as f:
-                    size = f.stat().st_size or 0
-                    if max_bytes <= 0 or offset >= size:
-                        return b"", size
                     f.seek(offset)
-                    return f.read(min(max_bytes, size - offset)), size
+                    return _read_bounded(f, want, remote_path), size
             except FileNotFoundError:
                 return None
+
+    def _regular_size(self, sftp: paramiko.SFTPClient, remote_path: str) -> int | None:
+        """The size of a regular file at `remote_path` (lstat: a symlink is not followed), None if absent."""
+        try:
+            attrs = sftp.lstat(remote_path)
+        except FileNotFoundError:
+            return None
+        mode = attrs.st_mode or 0
+        if not stat.S_ISREG(mode):
+            raise UnsafeRemoteFile(remote_path, _kind(mode), self.node.rank)
+        return attrs.st_size or 0
 
     def listdir(self, remote_path: str) -> list[str] | None:
         """The names in a remote directory, or None when it does not exist."""
@@ -378,15 +454,94 @@ class NodeClient:
             sftp.posix_rename(source, destination)
 
     @contextlib.contextmanager
-    def open_remote(self, remote_path: str, mode: str = "rb") -> Iterator[paramiko.SFTPFile]:
-        with self._sftp_call(f"transfer of {remote_path}") as sftp, sftp.open(remote_path, mode) as f:
-            yield f
+    def open_regular(self, remote_path: str) -> Iterator[tuple[_Bounded, int]]:
+        """A regular file for reading (a symlink to one is followed: users name artifacts through links),
+        and a reader that stops at the size it had when opened: a device, FIFO or directory raises
+        UnsafeRemoteFile, and a file that keeps growing is read no further than that size."""
+        with self._sftp_call(f"transfer of {remote_path}") as sftp:
+            attrs = sftp.stat(remote_path)
+            mode = attrs.st_mode or 0
+            if not stat.S_ISREG(mode):  # checked before the open: opening a FIFO blocks the SFTP server
+                raise UnsafeRemoteFile(remote_path, _kind(mode), self.node.rank)
+            with sftp.open(remote_path, "rb") as f:
+                opened = f.stat()
+                if not stat.S_ISREG(opened.st_mode or 0):  # swapped between the stat and the open
+                    raise UnsafeRemoteFile(remote_path, "no longer a regular file", self.node.rank)
+                size = opened.st_size or 0
+                yield _Bounded(f, size), size
 
 
 class FileTooLarge(RemoteError):
     def __init__(self, path: str, size: int, limit: int) -> None:
         super().__init__(f"{path} is {size} bytes, over the limit of {limit}")
         self.path, self.size, self.limit = path, size, limit
+
+
+class UnsafeRemoteFile(RemoteError):
+    """A file airflow-sky reads from a node is not a regular file (a job may link it to /dev/zero)."""
+
+    def __init__(self, path: str, kind: str, rank: int) -> None:
+        super().__init__(
+            f"~/{path} on node rank {rank} is {kind}, not a regular file: airflow-sky reads only regular "
+            "files there and never follows a link a job left"
+        )
+        self.path, self.kind = path, kind
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return f"of mode {mode:o}"
+
+
+def _read_bounded(f: paramiko.SFTPFile, limit: int, path: str) -> bytes:
+    """At most `limit` bytes of `f`, in blocks, within READ_DEADLINE_S (each request has the SFTP timeout)."""
+    deadline = time.monotonic() + READ_DEADLINE_S
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        if time.monotonic() > deadline:
+            raise RemoteError(f"read of ~/{path}: not done within {READ_DEADLINE_S:.0f}s")
+        block = f.read(min(left, _READ_BLOCK))
+        if not block:
+            break
+        chunks.append(block)
+        left -= len(block)
+    return b"".join(chunks)
+
+
+class _Bounded(io.RawIOBase):
+    """A readable view of `f` that ends after `size` bytes."""
+
+    def __init__(self, f: paramiko.SFTPFile, size: int) -> None:
+        self._f, self._left = f, size
+
+    def readable(self) -> bool:
+        return True
+
+    def prefetch(self) -> None:
+        self._f.prefetch(self._left)
+
+    def read(self, n: int = -1) -> bytes:
+        want = self._left if n is None or n < 0 else min(n, self._left)
+        if want <= 0:
+            return b""
+        block = self._f.read(want)
+        self._left -= len(block)
+        return block
+
+    def readinto(self, buffer: Any) -> int:
+        block = self.read(len(buffer))
+        buffer[: len(block)] = block
+        return len(block)
 
 
 def _drain(channel: paramiko.Channel) -> Iterator[tuple[bytes, bytes]]:

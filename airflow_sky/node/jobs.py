@@ -1,7 +1,7 @@
 """Detached jobs on a node: start (idempotent), poll the log by offset, kill the process group.
 
 The job record lives on the node, `~/.airflow_sky/jobs/<job_id>/`:
-    generation            the current generation (bumped by a recovery relaunch)
+    gen-<g>/              appears complete, by renaming a staging dir (.stage-<g>-<pid>) with `claimed`
     gen-<g>/script.sh     the user's script
     gen-<g>/env           `export K=V` lines, mode 0600 (never on a command line), removed once read
     gen-<g>/launch.sh     the wrapper; gen-<g>/pid (= pgid), gen-<g>/log, gen-<g>/exit_code
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from airflow_sky.errors import RemoteError
 from airflow_sky.node import shell
 from airflow_sky.node.autostop import NodeAutostop, arm_command
-from airflow_sky.node.client import NodeClient
+from airflow_sky.node.client import MAX_SMALL_FILE_BYTES, FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import envs
 
@@ -65,6 +65,20 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
+def job_files(script: str, env: Mapping[str, str]) -> bytes:
+    """The tar stream `shell.start_command` unpacks: the script, its env file, the wrapper and a marker."""
+    return _tar(
+        {
+            "script.sh": (script.encode(), 0o700),
+            "env": (envs.env_file_text(env).encode(), 0o600),
+            "launch.sh": (shell.launch_script().encode(), 0o700),
+            # Last: tar takes a stream cut at a member's header for the archive's end, so only this
+            # marker on the node tells that every file arrived.
+            shell.UNPACKED_MARKER: (b"", 0o600),
+        }
+    )
+
+
 def start_job(
     client: NodeClient,
     job_id: str,
@@ -78,13 +92,7 @@ def start_job(
     With `autostop`, the node's watcher is (re)armed first: every start does it, so a node that replaced a
     lost one is armed like the rest.
     """
-    payload = _tar(
-        {
-            "script.sh": (script.encode(), 0o700),
-            "env": (envs.env_file_text(env).encode(), 0o600),
-            "launch.sh": (shell.launch_script().encode(), 0o700),
-        }
-    )
+    payload = job_files(script, env)
     command = shell.start_command(job_id, generation)
     if autostop is not None:
         command = f"( {arm_command(autostop)} ) >/dev/null 2>&1\n{command}"
@@ -132,26 +140,48 @@ def read_job(
     """New log bytes from `offset` and the exit code, over SFTP: no process runs on the node for it.
 
     A job without an exit code counts as running; only `poll_job` (a shell on the node) can tell a job
-    whose processes vanished (`lost`), so watchers ask it now and then, not every poll.
+    whose processes vanished (`lost`), so watchers ask it now and then, not every poll. The job can reach
+    these files ($AIRFLOW_SKY_JOB_DIR): each read is bounded, and one that is not a regular file is taken
+    as not written yet (the wrapper replaces the exit code and pid files by rename) or, for the log, as
+    empty.
     """
     d = f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/gen-{int(generation)}"
-    raw_code = client.read_file(f"{d}/exit_code")  # before the log: a job that has an exit code logs no more
-    read = client.read_range(f"{d}/log", offset, max_bytes)
+    exit_code = _read_number(client, f"{d}/exit_code")  # before the log: a job with an exit code logs no more
+    try:
+        read = client.read_range(f"{d}/log", offset, max_bytes)
+    except UnsafeRemoteFile:
+        read = (b"", offset)
     if read is None:
         return JobPoll(b"", offset, 0, running=False, exit_code=None, missing=True)
     data, size = read
-    code = raw_code.strip() if raw_code else b""
-    exit_code = int(code) if code.lstrip(b"-").isdigit() else None
-    raw_pid = client.read_file(f"{d}/pid") if want_pid else None
-    pid = raw_pid.strip() if raw_pid else b""
+    pid = _read_number(client, f"{d}/pid") if want_pid else None
     return JobPoll(
         data=data,
         next_offset=offset + len(data),
         log_size=size,
         running=exit_code is None,
         exit_code=exit_code,
-        pid=int(pid) if pid.isdigit() else None,
+        pid=pid if pid is not None and pid > 0 else None,
     )
+
+
+def read_exit_code(client: NodeClient, job_id: str, generation: int) -> int | None:
+    """The job's recorded exit code over SFTP, or None while it has none (bounded, as `read_job`)."""
+    d = f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/gen-{int(generation)}"
+    return _read_number(client, f"{d}/exit_code")
+
+
+_NUMBER_FILE_BYTES = 64  # an exit code or a pid, with room to spare
+
+
+def _read_number(client: NodeClient, path: str) -> int | None:
+    """The integer a wrapper file holds; None when absent, not a regular file, too long or not a number."""
+    try:
+        raw = client.read_file(path, max_bytes=_NUMBER_FILE_BYTES)
+    except (UnsafeRemoteFile, FileTooLarge):
+        return None
+    text = raw.strip() if raw else b""
+    return int(text) if text.lstrip(b"-").isdigit() else None
 
 
 def kill_job(
@@ -175,34 +205,9 @@ def kill_job(
     return int(words[1]) if len(words) == 2 and words[1].lstrip("-").isdigit() else None
 
 
-def current_generation(client: NodeClient, job_id: str) -> int | None:
-    rc, out, _ = client.exec(shell.current_generation_command(job_id), timeout=60)
-    text = out.decode().strip()
-    return int(text) if rc == 0 and text.isdigit() else None
-
-
 def read_xcom(
-    client: NodeClient, job_id: str, name: str = "return.json", max_bytes: int | None = None
+    client: NodeClient, job_id: str, name: str = "return.json", max_bytes: int = MAX_SMALL_FILE_BYTES
 ) -> bytes | None:
-    """The file a job wrote to $AIRFLOW_SKY_XCOM_DIR/<name>, or None (FileTooLarge above `max_bytes`)."""
+    """The file a job wrote to $AIRFLOW_SKY_XCOM_DIR/<name>, or None (FileTooLarge above `max_bytes`,
+    UnsafeRemoteFile when it is a symlink, FIFO or device)."""
     return client.read_file(f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/xcom/{name}", max_bytes=max_bytes)
-
-
-def recorded_failure(head: NodeClient, job_id: str, generation: int) -> tuple[int, int] | None:
-    """The (rank, exit code) recorded as the phase's first failure (see record_failure), or None."""
-    raw = head.read_file(f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/gen-{int(generation)}/failure")
-    words = raw.decode().split() if raw else []
-    return (int(words[0]), int(words[1])) if len(words) == 2 else None
-
-
-def record_failure(
-    head: NodeClient, job_id: str, generation: int, rank: int, exit_code: int
-) -> tuple[int, int]:
-    """Record `rank` as the phase's first failure unless one is recorded; return the recorded (rank, code)."""
-    rc, out, err = head.exec(shell.record_failure_command(job_id, generation, rank, exit_code), timeout=60)
-    words = out.decode().split()
-    if rc != 0 or len(words) != 2:
-        raise RemoteError(
-            f"could not record the failure of job {job_id} on the head node: {err.decode(errors='replace').strip()}"
-        )
-    return int(words[0]), int(words[1])

@@ -12,6 +12,7 @@ import signal
 
 from airflow_sky.node.autostop import TOUCH_ACTIVITY
 from airflow_sky.node.paths import JOBS_DIR, MOUNTS_DIR, WORKDIR
+from airflow_sky.node.shell_reads import READ_SMALL, READ_TIMEOUT_S
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -63,37 +64,68 @@ ec=$?
 if [ -x "$HOME/{MOUNTS_DIR}/flush" ]; then
   "$HOME/{MOUNTS_DIR}/flush" >> "$d/log" 2>&1 < /dev/null || {{ [ "$ec" -ne 0 ] || ec=1; }}
 fi
-echo "$ec" > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
+# A job can reach this dir ($AIRFLOW_SKY_JOB_DIR): whatever it left at exit_code gives way to the real one.
+[ -f "$d/exit_code" ] && [ ! -L "$d/exit_code" ] || rm -rf -- "$d/exit_code"
+echo "$ec" > "$d/exit_code.tmp" && mv -T -- "$d/exit_code.tmp" "$d/exit_code"
 """
+
+
+UNPACKED_MARKER = "unpacked"  # the last member of the job's tar stream (jobs.job_files)
 
 
 def start_command(job_id: str, generation: int) -> str:
     """Unpack the job files (tar on stdin) and start launch.sh detached, unless this generation already ran.
 
-    Idempotent per (job_id, generation): the `set -C` (noclobber) create of `claimed` lets exactly one
-    caller start the generation, so a retried or duplicated start attaches to the job that runs.
+    Idempotent per (job_id, generation), and a start that fails half-way is never adopted: the files are
+    unpacked into a staging dir of this attempt (`.stage-<g>-<pid>`), and the generation dir appears only
+    by renaming the complete stage onto it, `claimed` inside: the claim is the last step. A rename onto an
+    existing generation fails, so exactly one caller starts it and a retried or duplicated start attaches.
+    A stage left by an attempt whose shell is gone (a dropped session, a full disk) is removed, and a
+    generation dir without a claim (left by an older version) is set aside, so the next attempt starts it.
     Prints `started <pid>` or `existing <pid>`.
     """
-    d = generation_dir(job_id, generation)
+    g = int(generation)
+    d = generation_dir(job_id, g)
     return f"""\
 set -eu
 umask 077
+{READ_SMALL}
+job={job_dir(job_id)}
 d={d}
-mkdir -p "$d"
+mkdir -p "$job"
 {TOUCH_ACTIVITY}
-if ( set -C; : > "$d/claimed" ) 2>/dev/null; then
-  tar -xf - -C "$d"
-  echo {int(generation)} > "$d/../generation"
-  : > "$d/log"
-  setsid bash "$d/launch.sh" < /dev/null > /dev/null 2>&1 &
-  state=started
-else
-  cat > /dev/null
-  state=existing
+for s in "$job"/.stage-{g}-*; do
+  [ -d "$s" ] || continue
+  kill -0 "${{s##*-}}" 2>/dev/null || rm -rf -- "$s"
+done
+if [ -d "$d" ] && [ ! -e "$d/claimed" ] && mv -T -- "$d" "$job/.stage-{g}-$$-old" 2>/dev/null; then
+  if [ -e "$job/.stage-{g}-$$-old/claimed" ]; then
+    mv -T -- "$job/.stage-{g}-$$-old" "$d" 2>/dev/null || true  # a winner landed in between: give it back
+  fi
+  rm -rf -- "$job/.stage-{g}-$$-old"
 fi
+state=existing
+if [ ! -e "$d/claimed" ]; then
+  stage="$job/.stage-{g}-$$"
+  trap 'rm -rf -- "$stage"' EXIT
+  mkdir "$stage"
+  tar -xf - -C "$stage"
+  [ -e "$stage/{UNPACKED_MARKER}" ] || {{ echo "the job's files arrived incomplete" >&2; exit 1; }}
+  rm -f -- "$stage/{UNPACKED_MARKER}"
+  : > "$stage/log"
+  : > "$stage/claimed"
+  trap '' HUP  # the claim and the launch go together: a session dropped now must not split them
+  if mv -T -- "$stage" "$d" 2>/dev/null; then
+    trap - EXIT
+    ( trap - HUP; exec setsid bash "$d/launch.sh" < /dev/null > /dev/null 2>&1 ) &
+    state=started
+  fi
+  trap - HUP
+fi
+[ "$state" = started ] || cat > /dev/null
 i=0
 while [ ! -s "$d/pid" ] && [ ! -s "$d/exit_code" ] && [ $i -lt 200 ]; do sleep 0.02; i=$((i+1)); done
-echo "$state $(cat "$d/pid" 2>/dev/null || echo -)"
+echo "$state $(small "$d/pid" || echo -)"
 {_prune_ended_jobs(KEPT_JOB_DIRS)}
 """
 
@@ -119,18 +151,21 @@ def poll_command(job_id: str, generation: int, offset: int, max_bytes: int) -> s
         raise ValueError("offset and max_bytes must be >= 0")
     d = generation_dir(job_id, generation)
     return f"""\
+{READ_SMALL}
 d={d}
 {TOUCH_ACTIVITY}
 if [ ! -d "$d" ]; then echo "missing 0 0 -"; exit 0; fi
 alive=0
-pid=$(cat "$d/pid" 2>/dev/null || true)
-case "$pid" in ''|*[!0-9]*) ;; *) if [ "$pid" -gt 1 ] && kill -0 -- "-$pid" 2>/dev/null; then alive=1; fi;; esac
-ec=-
-if [ -s "$d/exit_code" ]; then ec=$(cat "$d/exit_code"); fi
-size=$(stat -c %s "$d/log" 2>/dev/null || echo 0)
+pid=$(small "$d/pid" || true)
+case "$pid" in ''|*[!0-9]*) pid=;; *) if [ "$pid" -gt 1 ] && kill -0 -- "-$pid" 2>/dev/null; then alive=1; fi;; esac
+ec=$(small "$d/exit_code" || true)
+case "$ec" in ''|*[!0-9-]*) ec=-;; esac
+size=0
+if regular "$d/log"; then size=$(stat -c %s "$d/log" 2>/dev/null || echo 0); fi
 echo "$ec $alive $size ${{pid:--}}"
 """ + (
-        f'tail -c +{int(offset) + 1} "$d/log" 2>/dev/null | head -c {int(max_bytes)} || true\n'
+        f'if regular "$d/log"; then timeout {READ_TIMEOUT_S} tail -c +{int(offset) + 1} "$d/log" 2>/dev/null '
+        f"| head -c {int(max_bytes)} || true; fi\n"
         if max_bytes
         else ""
     )
@@ -143,40 +178,15 @@ def kill_command(
     d = generation_dir(job_id, generation)
     ticks = max(1, int(grace_s * 10))
     return f"""\
+{READ_SMALL}
 d={d}
-pid=$(cat "$d/pid" 2>/dev/null || true)
+pid=$(small "$d/pid" || true)
 case "$pid" in ''|*[!0-9]*|0|1) echo none; exit 0;; esac
 kill -{int(sig)} -- "-$pid" 2>/dev/null || true
 i=0
 while kill -0 -- "-$pid" 2>/dev/null && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done
 kill -9 -- "-$pid" 2>/dev/null || true
-if [ ! -s "$d/exit_code" ]; then echo {int(record_exit_code)} > "$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"; fi
-echo "killed $(cat "$d/exit_code")"
+ec=$(small "$d/exit_code" || true)
+case "$ec" in ''|*[!0-9-]*) ec={int(record_exit_code)}; rm -rf -- "$d/exit_code"; echo "$ec" > "$d/exit_code.tmp" && mv -T -- "$d/exit_code.tmp" "$d/exit_code";; esac
+echo "killed $ec"
 """
-
-
-def current_generation_command(job_id: str) -> str:
-    return f"cat {job_dir(job_id)}/generation 2>/dev/null || echo -"
-
-
-def record_failure_command(job_id: str, generation: int, rank: int, exit_code: int) -> str:
-    """Record which rank failed first (noclobber: the first writer wins) and print the recorded cause.
-
-    Every follower of a phase asks the head for this one record, so all of them name the same culprit even
-    when several see failures at once (the others' exits are the kills that followed).
-    """
-    d = generation_dir(job_id, generation)
-    return f"""\
-d={d}
-mkdir -p "$d"
-( set -C; echo "{int(rank)} {int(exit_code)}" > "$d/failure" ) 2>/dev/null || true
-cat "$d/failure"
-"""
-
-
-def claim_command(job_id: str, generation: int) -> str:
-    """Claim the lead of the relaunch to `generation` (mkdir is atomic: exactly one caller prints `won`)."""
-    d = job_dir(job_id)
-    return (
-        f"mkdir -p {d} && if mkdir {d}/lead-{int(generation)} 2>/dev/null; then echo won; else echo lost; fi"
-    )

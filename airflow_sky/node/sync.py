@@ -21,7 +21,7 @@ from pathlib import Path
 import pathspec
 
 from airflow_sky.errors import RemoteError
-from airflow_sky.node.client import NodeClient
+from airflow_sky.node.client import NodeClient, host_key_mismatch_message
 from airflow_sky.node.paths import remote_path
 
 SKYIGNORE = ".skyignore"
@@ -134,7 +134,12 @@ def sync_dir(
 
 
 def ssh_command_for(client: NodeClient, known_hosts: Path) -> list[str]:
-    """The OpenSSH client command that reaches the node with the cluster key and the pinned host key."""
+    """The OpenSSH client command that reaches the node with the cluster key and the pinned host key.
+
+    `known_hosts` (holding only the pinned key) is the one file ssh checks: neither the user's nor the
+    system's known_hosts is read, so a stale line there for a recycled address changes nothing, and any
+    other key is refused.
+    """
     node = client.node
     return [
         "ssh",
@@ -151,7 +156,11 @@ def ssh_command_for(client: NodeClient, known_hosts: Path) -> list[str]:
         "-o",
         f"UserKnownHostsFile={known_hosts}",
         "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
         "StrictHostKeyChecking=yes",
+        "-o",
+        "UpdateHostKeys=no",
         "-o",
         "LogLevel=ERROR",
         "-o",
@@ -219,6 +228,7 @@ def select_files(source: Path) -> FileSelection:
 
 
 RSYNC_IO_TIMEOUT_S = 120
+_HOST_KEY_REFUSED = "Host key verification failed"  # what OpenSSH prints for a key other than the pinned one
 REMOTE_RSYNC = "rsync"  # the command the node's shell runs (tests name a missing one)
 
 
@@ -256,6 +266,8 @@ def _rsync(
             f"rsync of {source} to node rank {client.node.rank} ({client.node.ssh_host}): no data moved "
             f"for {RSYNC_IO_TIMEOUT_S}s: the node stopped answering"
         )
+    if proc.returncode != 0 and _HOST_KEY_REFUSED in proc.stderr:
+        raise RemoteError(host_key_mismatch_message(client.node))
     if proc.returncode != 0:
         error = NoRemoteRsync if _not_found(REMOTE_RSYNC, proc.stderr) else RemoteError
         raise error(

@@ -17,6 +17,7 @@ from dotenv.parser import parse_stream
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task.schema import ENV_KEY_PATTERN
+from airflow_sky.task.text_files import read_text_file
 
 _ENV_KEY = re.compile(ENV_KEY_PATTERN)
 
@@ -38,11 +39,7 @@ def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
     Values are taken literally: `${VAR}` inside them is not expanded from the launcher's environment.
     """
     label = f"--env-file {os.fspath(path)}"
-    try:
-        with open(path, encoding="utf-8") as stream:
-            text = stream.read()
-    except OSError as e:
-        raise SpecError(f"{label}: cannot read: {e.strerror or e}") from e
+    text = read_text_file(path, label)
     result: dict[str, str] = {}
     for line_no, key, value in _bindings(text):
         where = f"{label}: line {line_no}"

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from airflow_sky.errors import SpecError
 from airflow_sky.task.diagnostics import STRING_SOURCE, SpecWarning, show
 from airflow_sky.task.task import Task
+from airflow_sky.task.text_files import read_text_file
 from airflow_sky.task.yaml_io import parse_yaml_documents
 
 Execution = Literal["serial", "parallel"]
@@ -93,10 +94,7 @@ class Pipeline:
         `allow_unset`: a template check, as for Task.from_yaml (each task's `unset` lists what it lacks).
         """
         source = os.fspath(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise SpecError(f"{source}: cannot read: {e.strerror or e}") from e
+        text = read_text_file(path)
         return cls.from_yaml_str(
             text,
             source=source,
@@ -194,11 +192,7 @@ def is_pipeline_file(path: str | os.PathLike[str]) -> bool:
     """Whether a task YAML holds several documents (a pipeline); unreadable or invalid YAML says no (the
     task loader then names the problem)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError:
-        return False
-    try:
-        return len(parse_yaml_documents(text, str(path))) > 1
+        return len(parse_yaml_documents(read_text_file(path), str(path))) > 1
     except SpecError:
         return False
 

@@ -51,8 +51,8 @@ def task_redactor(task: Task) -> Callable[[str], str]:
     return redactor(sensitive_values(task).values())
 
 
-def redactor(secrets: Iterable[str]) -> Callable[[str], str]:
-    """A function that replaces every secret value (and each line of a multi-line one) with `***`.
+def redactor(secrets: Iterable[str], mask: str = "***") -> Callable[[str], str]:
+    """A function that replaces every secret value (and each line of a multi-line one) with `mask`.
 
     Airflow's masker covers Airflow's own handlers; node log lines are redacted here too, so neither the
     task log nor the CLI ever prints them, whatever logging setup runs the task.
@@ -66,7 +66,7 @@ def redactor(secrets: Iterable[str]) -> Callable[[str], str]:
     def redact(line: str) -> str:
         for needle in ordered:
             if needle in line:
-                line = line.replace(needle, "***")
+                line = line.replace(needle, mask)
         return line
 
     return redact

@@ -22,6 +22,7 @@ from airflow_sky.task.diagnostics import (
     show,
     unknown_field_message,
 )
+from airflow_sky.task.redaction import redact_json, redactor
 from airflow_sky.task.resources import JobRecovery, Resources, build_resources
 from airflow_sky.task.schema import (
     BUCKET_URI_SCHEMES,
@@ -31,6 +32,7 @@ from airflow_sky.task.schema import (
     STORAGE_SCHEMA,
     TASK_SCHEMA,
 )
+from airflow_sky.task.text_files import read_text_file
 from airflow_sky.task.validate import validate
 from airflow_sky.task.yaml_io import dump_yaml, parse_yaml
 
@@ -211,11 +213,7 @@ class Task:
     ) -> Task:
         """Load a task file; a relative `workdir` resolves against the file's directory."""
         source = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as stream:
-                text = stream.read()
-        except OSError as e:
-            raise SpecError(f"{source}: cannot read: {e.strerror or e}") from e
+        text = read_text_file(path)
         base_dir = os.path.dirname(os.path.abspath(source))
         return cls.from_yaml_str(
             text,
@@ -250,6 +248,18 @@ class Task:
         self._num_nodes = config.get("num_nodes", 1)
         self.setup = _script(config.get("setup"))
         self.run = _script(config.get("run"))
+        try:
+            self._load_substituted(config, ctx)
+        except SpecError as e:  # a message may quote a value that a secret was substituted into
+            raise SpecError(self._secrets_hidden(str(e))) from None
+        for key in self.extra_fields:
+            ctx.note_inert([key])
+        for dst, src in self.file_mounts.items():
+            if isinstance(src, StorageMount) and src.config is not None:
+                ctx.note_inert(["file_mounts", dst, "config"])
+
+    def _load_substituted(self, config: Mapping[str, Any], ctx: SpecContext) -> None:
+        """The fields that envs and secrets are substituted into (`$VAR`), and the resources."""
         mapping = self.envs_and_secrets
         workdir = ov.substitute(config.get("workdir"), mapping)
         if isinstance(workdir, dict):
@@ -268,11 +278,10 @@ class Task:
             for key in INERT_TASK_FIELDS
             if key in config
         }
-        for key in self.extra_fields:
-            ctx.note_inert([key])
-        for dst, src in self.file_mounts.items():
-            if isinstance(src, StorageMount) and src.config is not None:
-                ctx.note_inert(["file_mounts", dst, "config"])
+
+    def _secrets_hidden(self, value: Any) -> Any:
+        """`value` (text or plain data) with every secret value, wherever `$VAR` put it, as <redacted>."""
+        return redact_json(value, redactor(self.secrets.values(), mask=REDACTED))
 
     # -- editing -------------------------------------------------------------------------------------------
 
@@ -353,6 +362,9 @@ class Task:
             dst: src.to_dict() if isinstance(src, StorageMount) else src
             for dst, src in self.file_mounts.items()
         }
+        extra = copy.deepcopy(self.extra_fields)
+        if redact_secrets:  # secrets substituted into paths, URLs and inert fields too
+            workdir, mounts, extra = (self._secrets_hidden(part) for part in (workdir, mounts, extra))
         secrets: dict[str, Any] = (
             {key: REDACTED for key in self.secrets} if redact_secrets else dict(self.secrets)
         )
@@ -361,7 +373,7 @@ class Task:
             (envs if field == "envs" else secrets)[key] = None
         extra = {
             key: ov.protect(value, mapping) if key in _SUBSTITUTED_EXTRA else value
-            for key, value in copy.deepcopy(self.extra_fields).items()
+            for key, value in extra.items()
         }
         data: dict[str, Any] = {
             "name": self.name,
@@ -453,6 +465,13 @@ def _file_mounts(
         path = ["file_mounts", dst]
         if not dst.strip() or dst.strip() == "~":
             raise ctx.error(path, f"remote path must be a path below / or ~/, got {show(dst)}")
+        if ".." in dst.split("/"):
+            raise ctx.error(
+                path,
+                "remote path must not contain '..' (it could land outside the node's home or workdir); "
+                f"give an absolute path (/data/x), a path below ~ (~/x) or a path in the workdir (x, "
+                f"which lands in ~/{WORKDIR_ON_NODE}/x)",
+            )
         if not (dst.startswith("/") or dst.startswith("~/")):
             # As in SkyPilot: a relative remote path is below the workdir.
             dst = posixpath.normpath(f"~/{WORKDIR_ON_NODE}/{dst}")

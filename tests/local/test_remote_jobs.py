@@ -8,7 +8,8 @@ import time
 
 from airflow_sky.infra.local import daemon
 from airflow_sky.node.client import NodeClient
-from airflow_sky.node.jobs import kill_job, poll_job, read_xcom, start_job
+from airflow_sky.node.jobs import job_files, kill_job, poll_job, read_xcom, start_job
+from airflow_sky.node.shell import start_command
 
 
 def _wait_done(
@@ -130,3 +131,38 @@ def test_a_job_that_does_not_exist_reports_missing(local_cluster):
     with NodeClient(nodes[0], key) as client:
         poll = poll_job(client, "nope", 0, 0)
     assert poll.missing and not poll.running and not poll.lost
+
+
+def test_a_start_cut_off_while_unpacking_is_retried_by_the_next_attempt_and_the_job_runs(local_cluster):
+    # A session that drops mid-upload: the stream ends inside a file's data (tar fails), or inside the next
+    # file's header (which tar takes for the archive's end, and exits 0).
+    _, nodes, key = local_cluster(1)
+    files = job_files("echo ran >> ~/count; echo done", {"A": "1"})
+    with NodeClient(nodes[0], key) as client:
+        for cut in (1540, 1280):
+            rc, _, err = client.exec(start_command("cut", 0), stdin=files[:cut], timeout=60)
+            assert rc != 0, err
+            # Nothing was claimed and nothing of the attempt is left: the generation is not there at all.
+            assert poll_job(client, "cut", 0, 0).missing
+            assert client.exec("ls -A ~/.airflow_sky/jobs/cut")[1] == b""
+        start = start_job(client, "cut", "echo ran >> ~/count; echo done", {"A": "1"})
+        assert start.started and start.pid
+        assert _wait_done(client, "cut") == (b"done\n", 0)
+        assert client.exec("cat ~/count")[1] == b"ran\n"
+
+
+def test_a_half_done_start_left_by_a_dead_session_is_cleaned_and_never_adopted(local_cluster):
+    # What a killed attempt can leave: its staging dir (its shell gone), and a generation dir with files but
+    # no claim (as an older version wrote it before unpacking).
+    _, nodes, key = local_cluster(1)
+    with NodeClient(nodes[0], key) as client:
+        left = (
+            "mkdir -p ~/.airflow_sky/jobs/half/.stage-0-999999 ~/.airflow_sky/jobs/half/gen-0 && "
+            "echo partial > ~/.airflow_sky/jobs/half/gen-0/script.sh"
+        )
+        assert client.exec(left)[0] == 0
+        start = start_job(client, "half", "echo whole", {})
+        assert start.started and start.pid
+        assert _wait_done(client, "half") == (b"whole\n", 0)
+        assert client.exec("ls -A ~/.airflow_sky/jobs/half")[1].split() == [b"gen-0", b"xcom"]
+        assert not start_job(client, "half", "echo again", {}).started  # claimed now: a retry attaches

@@ -19,6 +19,7 @@ import os
 import pty
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -43,6 +44,25 @@ class _NodeServer(asyncssh.SSHServer):
 
     def begin_auth(self, username: str) -> bool:
         return True
+
+
+class _NodeSFTPServer(asyncssh.SFTPServer):
+    """asyncssh's SFTP server, except that opening a FIFO fails instead of blocking.
+
+    asyncssh opens files on the node's event loop: a FIFO a job left where a reader looks would block
+    every session of the node until a writer came (sshd's sftp-server blocks only its own session).
+    """
+
+    def open(self, path: bytes, pflags: int, attrs: asyncssh.SFTPAttrs) -> object:
+        if pflags & (asyncssh.FXF_WRITE | asyncssh.FXF_APPEND | asyncssh.FXF_CREAT):
+            return super().open(path, pflags, attrs)
+        # Non-blocking open, then a look at what was opened: no window for a swap in between.
+        fd = os.open(self.map_path(path), os.O_RDONLY | os.O_NONBLOCK)
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise asyncssh.SFTPFailure(f"{path.decode(errors='replace')} is a FIFO")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return open(fd, "rb", buffering=0)
 
 
 def _command_env(home: Path, marker: str, base_env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
@@ -267,7 +287,7 @@ async def _serve(node_dir: Path, isolated: bool) -> None:
     reaper = asyncio.ensure_future(_reap_orphans(runner.own_children))
 
     def sftp_factory(chan: asyncssh.SSHServerChannel[bytes]) -> asyncssh.SFTPServer:
-        return asyncssh.SFTPServer(chan, chroot=str(home).encode())
+        return _NodeSFTPServer(chan, chroot=str(home).encode())
 
     options: dict[str, Any] = dict(
         server_host_keys=[str(layout.host_key_path(node_dir))],
