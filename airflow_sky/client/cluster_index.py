@@ -85,6 +85,10 @@ def _read(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise IndexUnreadable(f"not UTF-8 text (byte {e.start})") from e
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # a directory in its place, no read permission
+        raise IndexUnreadable(f"cannot be read: {e.strerror or e}") from e
 
 
 def _current(path: Path) -> dict[str, str]:

@@ -23,7 +23,11 @@ _REASON_CHARS = 200
 
 
 class ClusterNotFound(ClusterError):
-    """No infra configured here has the cluster, or several have one of that name."""
+    """No infra configured here has the cluster."""
+
+
+class AmbiguousCluster(ClusterError):
+    """Several infras have a cluster of that name, and this machine has no record of which it means."""
 
 
 class NotConfigured(Exception):
@@ -176,4 +180,6 @@ def locate(cluster_name: str, already_searched: Sequence[str] = ()) -> str:
     if len(result.found) == 1:
         cluster_index.remember(cluster_name, result.found[0])
         return result.found[0]
-    raise ClusterNotFound(ambiguous_message(result) if result.found else not_found_message(result))
+    if result.found:
+        raise AmbiguousCluster(ambiguous_message(result))
+    raise ClusterNotFound(not_found_message(result))

@@ -94,10 +94,14 @@ def cluster_of(cluster_name: str, infra: str | None = None) -> Cluster:
 
 def _existing(cluster_name: str) -> tuple[Cluster, list[Node]]:
     """The cluster and its nodes; when the infra the index names no longer has it, the others are asked."""
-    from airflow_sky.client.cluster_search import locate
+    from airflow_sky.client.cluster_search import ClusterNotFound, locate
     from airflow_sky.infra.registry import open_cluster
 
-    cluster = cluster_of(cluster_name)
+    try:
+        cluster = cluster_of(cluster_name)
+    except ClusterNotFound:
+        ssh_config.remove_entries(cluster_name)  # gone everywhere: its ssh entries lead nowhere
+        raise
     nodes = cluster.nodes()
     if nodes:
         return cluster, nodes
@@ -421,11 +425,11 @@ def status(cluster_names: Sequence[str] | None = None, infra: str | None = None)
 
 
 def _status_of(cluster_name: str) -> dict[str, Any]:
-    from airflow_sky.client.cluster_search import ClusterNotFound
+    from airflow_sky.client.cluster_search import AmbiguousCluster, ClusterNotFound
 
     try:
         cluster, nodes = _existing(cluster_name)
-    except ClusterNotFound as e:
+    except (ClusterNotFound, AmbiguousCluster) as e:
         return _status_row(cluster_name, None, []) | {"note": str(e)}
     return _status_row(cluster_name, cluster.infra, nodes)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_sky.client import cluster_index, record_files, ssh_config
-from airflow_sky.client.cluster_search import ClusterNotFound, locate
+from airflow_sky.client.cluster_search import AmbiguousCluster, locate
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.home import HOME_ENV, SSH_CONFIG_ENV
 from airflow_sky.infra.ssh.pools import POOL_FILE_ENV
@@ -120,8 +120,10 @@ def test_an_unreadable_index_is_set_aside_with_one_line_and_the_next_write_start
     assert capsys.readouterr().err == ""  # reported once
 
 
-def test_down_with_a_cut_short_index_says_one_line_and_names_the_infras_searched(home: Path) -> None:
-    home.mkdir(parents=True)
+def test_down_with_a_cut_short_index_says_one_line_names_the_infras_searched_and_drops_stale_entries(
+    home: Path,
+) -> None:
+    ssh_config.write_entries("ghost", [_node(0, 2200)], {0: "/keys/ghost"})  # left by a crashed launch
     (home / "clusters.json").write_text('{"ghost": "aw')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
     env["AIRFLOW_SKY_AIRFLOW_HOME"] = str(home / "airflow")
@@ -138,6 +140,7 @@ def test_down_with_a_cut_short_index_says_one_line_and_names_the_infras_searched
     assert "clusters.json: not valid JSON" in warning and "kept as clusters.json.unreadable-" in warning
     assert error.startswith("airflow-sky: error: cluster 'ghost' not found (searched: local)")
     assert "aws (no Airflow connection 'aws_default')" in error
+    assert sorted((home / "ssh").glob("ghost.*")) == []  # gone everywhere: its ssh entries too
 
 
 def test_a_cluster_the_index_knows_is_opened_without_asking_any_infra(
@@ -163,7 +166,9 @@ def test_a_cluster_the_index_knows_is_opened_without_asking_any_infra(
     assert asked[0] == "local" and set(asked) == {"local", "aws", "gcp"}
     assert cluster_index.infra_hint("lost") == "gcp"
     monkeypatch.setattr(cluster_search, "has_cluster", lambda infra, name: infra in ("aws", "gcp"))
-    with pytest.raises(ClusterNotFound, match=r"exists on aws and gcp.*airflow-sky status --infra aws twice"):
+    with pytest.raises(
+        AmbiguousCluster, match=r"exists on aws and gcp.*airflow-sky status --infra aws twice"
+    ):
         locate("twice")
 
 
