@@ -402,12 +402,10 @@ class NodeClient:
                 raise FileTooLarge(remote_path, size, max_bytes)
             try:
                 with sftp.open(remote_path, "rb") as f:
-                    data = _read_bounded(f, max_bytes + 1, remote_path)
+                    # The size the lstat saw: one request, and a file growing meanwhile is cut there.
+                    return _read_bounded(f, size, remote_path)
             except FileNotFoundError:
                 return None
-            if len(data) > max_bytes:  # it grew since the lstat
-                raise FileTooLarge(remote_path, len(data), max_bytes)
-            return data
 
     def read_range(self, remote_path: str, offset: int, max_bytes: int) -> tuple[bytes, int] | None:
         """Up to `max_bytes` (at most MAX_RANGE_BYTES) of a regular file from `offset`, and the file's size;

@@ -18,6 +18,7 @@ from typing import Any
 from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import JOBS_DIR, QUEUE_DIR
+from airflow_sky.node.shell_reads import READ_SMALL
 
 LOCK_PATH = ".airflow_sky/host.lock"  # relative to the login user's home (what SFTP sees)
 _DOCKER_BRIDGE = ipaddress.ip_network("172.17.0.0/16")  # docker0: never how other hosts reach this one
@@ -166,9 +167,9 @@ def clean_command() -> str:
     Teardown leaves the machine itself (and ~/sky_workdir) as it found it otherwise.
     """
     return f"""\
+{READ_SMALL}
 for p in "$HOME"/{JOBS_DIR}/*/gen-*/pid; do
-  [ -f "$p" ] || continue
-  pid=$(cat "$p" 2>/dev/null || true)
+  pid=$(small "$p" || true)  # bounded: a job can link its pid file to /dev/zero
   case "$pid" in ''|*[!0-9]*|0|1) continue;; esac
   kill -9 -- "-$pid" 2>/dev/null || true
 done
