@@ -91,3 +91,22 @@ def test_the_ssh_entries_written_for_users_trust_only_the_pinned_key(local_clust
     wrong = [dataclasses.replace(nodes[1], host_key=nodes[0].host_key)]
     refused = ssh("c-worker1", wrong)
     assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
+
+
+def test_a_proxycommand_from_the_users_ssh_config_still_checks_only_the_pinned_key(
+    local_cluster, tmp_path, monkeypatch
+):
+    _, nodes, key = local_cluster(2)
+    home = tmp_path / "home"
+    home.mkdir()
+    _stale_user_known_hosts(home, nodes[1], str(nodes[0].host_key))
+    # A relay through bash's /dev/tcp (a jump host stand-in); it records that it was used.
+    relay = f"bash -c 'touch {tmp_path}/relayed; exec 3<>/dev/tcp/%h/{nodes[1].ssh_port}; cat <&3 & cat >&3'"
+    (home / ".ssh" / "config").write_text(f"Host {nodes[1].ssh_host}\n  ProxyCommand {relay}\n")
+    monkeypatch.setenv("HOME", str(home))
+    with NodeClient(nodes[1], key, conn_retry_attempts=1) as client:
+        assert client.exec("echo ok")[:2] == (0, b"ok\n")
+    assert (tmp_path / "relayed").exists()
+    impostor = dataclasses.replace(nodes[1], host_key=nodes[0].host_key)
+    with NodeClient(impostor, key) as client, pytest.raises(RemoteError, match=REFUSED):
+        client.exec("true")
