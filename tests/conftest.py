@@ -42,6 +42,7 @@ SLOWEST_FILES = (
     "tests/dags/test_sky_job_dag.py",
     "tests/cli/test_first_user.py",
     "tests/dags/test_pipelines.py",
+    "tests/scheduler/test_shared_cluster.py",
 )
 
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.

@@ -109,17 +109,26 @@ def register_job(
     if len(nodes) < task.num_nodes:
         raise ClusterError(f"cluster {cluster.name} has {len(nodes)} nodes; the task needs {task.num_nodes}")
     states = job_states(cluster)
-    state, _ = states.allocate(
-        submit_key,
-        {
-            "name": task.name,
-            "submitted_at": datetime.now(UTC).isoformat(),
-            "submit_key": submit_key,
-            "num_nodes": task.num_nodes,
-            "cluster_name": cluster.name,
-            "infra": cluster.infra,
-        },
-    )
+    try:
+        state, _ = states.allocate(
+            submit_key,
+            {
+                "name": task.name,
+                "submitted_at": datetime.now(UTC).isoformat(),
+                "submit_key": submit_key,
+                "num_nodes": task.num_nodes,
+                "cluster_name": cluster.name,
+                "infra": cluster.infra,
+            },
+        )
+    except js.ClusterClosing:
+        _wait_until_closed(states)
+        raise
+    if _all_vanished(cluster, nodes):
+        # Ended by another run's teardown after this provision saw them (the teardown found no job then).
+        raise js.ClusterClosing(
+            0, 0.0, "the cluster was torn down since it was provisioned: provisioning again"
+        )
     submitted_at = datetime.fromisoformat(state.info["submitted_at"])
     sky_task_id = state.info.get("sky_task_id") or (
         pipeline_task_ids[pipeline_index]
@@ -157,6 +166,23 @@ def register_job(
         sky_task_ids=tuple(state.info.get("sky_task_ids") or pipeline_task_ids),
         git_commit=state.info.get("git_commit") or git_commit,
     )
+
+
+def _wait_until_closed(states: js.JobStates, timeout_s: float = 600.0) -> None:
+    """Wait (bounded) until the teardown that is ending the cluster is done: every driver removes the
+    cluster's records last, so the job index going is the end of the teardown."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        index = states.index()
+        if index is None or not index.data.get("closing"):
+            return
+        time.sleep(2.0)
+
+
+def _all_vanished(cluster: Cluster, nodes: list[Node]) -> bool:
+    """None of `nodes` is the cluster's any more (a teardown ended them; one lost node is recovery's)."""
+    live = {n.instance_id for n in cluster.nodes()}
+    return bool(nodes) and not any(n.instance_id in live for n in nodes)
 
 
 def set_status(cluster: Cluster, handle: JobHandle, status: JobStatus) -> None:
@@ -302,6 +328,11 @@ def record_buckets(cluster: Cluster, handle: JobHandle, record: dict[str, Any]) 
 
 def bucket_record(cluster: Cluster, handle: JobHandle) -> dict[str, Any] | None:
     """The job's bucket record (see record_buckets), or None when its task has no bucket mounts."""
-    state = job_states(cluster).get(handle.job_id)
+    return job_bucket_record(cluster, handle.job_id)
+
+
+def job_bucket_record(cluster: Cluster, job_id: int) -> dict[str, Any] | None:
+    """Job `job_id`'s bucket record, or None (no bucket mounts, or no record)."""
+    state = job_states(cluster).get(job_id)
     record = state.info.get(BUCKETS_INFO_KEY) if state is not None else None
     return record if isinstance(record, dict) else None

@@ -26,7 +26,7 @@ from typing import Any
 from airflow_sky.errors import ClusterError
 from airflow_sky.gang.job import JobStatus, Phase
 from airflow_sky.gang.recovery import Action, Decision
-from airflow_sky.infra.state_store import StateStore
+from airflow_sky.infra.state_store import StateStore, Versioned
 
 WATCH_LEASE_S = 15.0  # a watcher that has not renewed for this long is replaced by any follower
 # A relaunch leader whose renewal counter has not moved for this long, on the observing follower's own
@@ -403,7 +403,21 @@ def drop_watch(state: JobState, key: str, owner: str) -> JobState:
 
 # ---- the store -----------------------------------------------------------------------------------------
 
-_INDEX = "jobs-index"
+INDEX = "jobs-index"
+# A teardown's closing mark older than this (on the store's clock) is one whose teardown died midway.
+CLOSING_STALE_S = 900.0
+
+
+class ClusterClosing(ClusterError):
+    """A teardown is ending the cluster (no job was left to keep it): provision again once it is gone."""
+
+    def __init__(self, by_job: int, age_s: float, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f"the cluster is being torn down by the teardown of job {by_job} (for {age_s:.0f}s): it is "
+            "provisioned again once it is gone"
+        )
+        self.by_job = by_job
 
 
 class JobStates:
@@ -449,21 +463,43 @@ class JobStates:
             time.sleep(0.005)
         raise ClusterError(f"job {job_id}: the job state kept changing under 200 attempts to update it")
 
+    def index(self) -> Versioned | None:
+        """The cluster's job index: ids by submit key, and the cluster's teardown marks (gang.cluster_down)."""
+        return self.store.get(INDEX)
+
+    def stamped(self) -> list[tuple[JobState, float | None]]:
+        """Every job, oldest first, with when its record was last written (on the store's clock)."""
+        ids = sorted(int(key.rsplit("/", 1)[1]) for key in self.store.keys("jobs"))
+        records = [(i, self.store.get(self._key(i))) for i in ids]
+        return [(JobState.from_dict(r.data), r.written_at) for _, r in records if r is not None]
+
     def allocate(self, submit_key: str, info: dict[str, Any]) -> tuple[JobState, bool]:
-        """The job for `submit_key` (a retried provision gets the same one back), created when new."""
+        """The job for `submit_key` (a retried provision gets the same one back), created when new.
+
+        Every allocation writes the index, the record a teardown decides on by compare-and-swap: a job that
+        joins the cluster while a teardown looks makes that teardown look again. Raises ClusterClosing while
+        a teardown is ending the cluster.
+        """
         for _ in range(200):
-            index = self.store.get(_INDEX)
-            data: dict[str, Any] = index.data if index else {"next": 1, "keys": {}}
+            index = self.store.get(INDEX)
+            data: dict[str, Any] = dict(index.data) if index else {"next": 1, "keys": {}}
+            closing = data.get("closing")
+            if closing:
+                age = self.store.now() - float(closing.get("at") or 0.0)
+                if age < CLOSING_STALE_S:
+                    raise ClusterClosing(int(closing.get("by") or 0), age)
+                data.pop("closing")  # its teardown died before the cluster went: the cluster is usable again
             keys: dict[str, int] = data["keys"]
-            if submit_key in keys:
-                job_id = int(keys[submit_key])
+            job_id = int(keys.get(submit_key, data["next"]))
+            new_index = {
+                **data,
+                "next": max(int(data["next"]), job_id + 1),
+                "keys": {**keys, submit_key: job_id},
+            }
+            if self.store.put(INDEX, new_index, index.version if index else None) is not None:
                 existing = self.get(job_id)
                 if existing is not None:
                     return existing, False
-                return self._create(job_id, info), True  # the index was written, the record not yet
-            job_id = int(data["next"])
-            new_index = {"next": job_id + 1, "keys": {**keys, submit_key: job_id}}
-            if self.store.put(_INDEX, new_index, index.version if index else None) is not None:
                 return self._create(job_id, info), True
         raise ClusterError("could not allocate a job id: the job index kept changing")
 

@@ -15,8 +15,9 @@ from airflow.sdk import BaseHook, conf
 from airflow.sdk.log import mask_secret
 
 from airflow_sky.errors import SkyError
+from airflow_sky.gang.cluster_down import Release, release_cluster
 from airflow_sky.gang.job import JobHandle
-from airflow_sky.gang.phases import bucket_record, record_buckets
+from airflow_sky.gang.phases import bucket_record, job_bucket_record, job_states, record_buckets
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.local.daemon import check_shared_mounts
@@ -170,12 +171,38 @@ class SkyClusterHook(BaseHook):
                     mask_secret(options[name])
         return plan
 
-    def release_buckets(self, handle: JobHandle, task: Task, log: Callable[[str], None]) -> None:
-        """Unmount the job's buckets on every node (after their uploads), remove the nodes' bucket
-        credentials, and delete the buckets this job created for `persistent: false` mounts."""
-        record = bucket_record(self.cluster, handle) if has_bucket_mounts(task) else None
-        if not record or not record.get("mounts"):
+    def release_cluster(self, handle: JobHandle, down: bool, log: Callable[[str], None]) -> Release:
+        """Whether this job's teardown ends the cluster (gang.cluster_down): with `down`, only when no other
+        job holds it; otherwise the job is released alone and the last job's teardown ends the cluster."""
+        return release_cluster(job_states(self.cluster), handle.job_id, down, log)
+
+    def release_buckets(
+        self,
+        handle: JobHandle,
+        task: Task,
+        log: Callable[[str], None],
+        detach: bool = True,
+        also: Sequence[int] = (),
+    ) -> None:
+        """Unmount the buckets on every node (after their uploads), remove the nodes' bucket credentials,
+        and delete the buckets this job (and the jobs `also`, whose teardown left theirs to this one)
+        created for `persistent: false` mounts. Without `detach` (other jobs still use the cluster, and a
+        node's mounts are shared) the nodes' mounts stay."""
+        found = [bucket_record(self.cluster, handle)] if has_bucket_mounts(task) else []
+        found += [job_bucket_record(self.cluster, job_id) for job_id in also]
+        records = [r for r in found if r and r.get("mounts")]
+        if not records:
             return
+        if detach:
+            self._detach_buckets(log)
+        for record in records:
+            mounts = [BucketMount.from_dict(m) for m in record["mounts"]]
+            transient = {m.bucket_uri for m in mounts if not m.persistent}
+            doomed = [uri for uri in record.get("created", []) if uri in transient]
+            if doomed:
+                buckets.delete_buckets(doomed, log, record.get("aws_conn_id"), record.get("gcp_conn_id"))
+
+    def _detach_buckets(self, log: Callable[[str], None]) -> None:
         nodes = [n for n in self.cluster.nodes() if n.status.value == "RUNNING"]
 
         def detach(node: Node) -> None:
@@ -188,11 +215,6 @@ class SkyClusterHook(BaseHook):
                     future.result()
                 except (SkyError, OSError) as e:
                     log(f"could not unmount the buckets of rank {node.rank}: {e}")
-        mounts = [BucketMount.from_dict(m) for m in record["mounts"]]
-        transient = {m.bucket_uri for m in mounts if not m.persistent}
-        doomed = [uri for uri in record.get("created", []) if uri in transient]
-        if doomed:
-            buckets.delete_buckets(doomed, log, record.get("aws_conn_id"), record.get("gcp_conn_id"))
 
     def upload_artifacts(
         self,

@@ -9,11 +9,14 @@ from typing import Any
 
 from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.phases import check_exec_nodes, register_job
+from airflow_sky.gang.state import ClusterClosing
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.task import GitWorkdir
 from airflow_sky.task.envs import pipeline_task_ids
+
+_CLOSING_ATTEMPTS = 3  # provisions of a cluster that another run's teardown ended meanwhile
 
 
 def default_cluster_name(dag_id: str, run_id: str, job: str | None = None) -> str:
@@ -96,17 +99,26 @@ class SkyProvisionOperator(SkyBaseOperator):
         # Buckets first: a bucket the connection cannot reach fails the job before any node costs money.
         buckets = hook.prepare_buckets(self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id)
         try:
-            hook.provision(self.sky_task, retry_until_up=self.retry_until_up)
-            nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
-            hook.arm_autostop(self.sky_task, nodes)
-            handle = register_job(
-                hook.cluster,
-                self.sky_task,
-                nodes,
-                submit_key=f"{self.dag_id}/{run_id}/{self.task_id}",
-                pipeline_task_ids=self._pipeline_task_ids(context),
-                pipeline_index=self.pipeline.index if self.pipeline else 0,
-            )
+            for attempt in range(1, _CLOSING_ATTEMPTS + 1):
+                try:
+                    hook.provision(self.sky_task, retry_until_up=self.retry_until_up)
+                    nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
+                    hook.arm_autostop(self.sky_task, nodes)
+                    handle = register_job(
+                        hook.cluster,
+                        self.sky_task,
+                        nodes,
+                        submit_key=f"{self.dag_id}/{run_id}/{self.task_id}",
+                        pipeline_task_ids=self._pipeline_task_ids(context),
+                        pipeline_index=self.pipeline.index if self.pipeline else 0,
+                    )
+                    break
+                except ClusterClosing as e:
+                    # Another run's teardown found the cluster idle and ended it under this provision.
+                    if self.must_exist or attempt == _CLOSING_ATTEMPTS:
+                        raise
+                    self.log.info("Cluster %s: %s", name, e)
+                    existed = False
             if buckets is not None:
                 hook.record_job_buckets(handle, buckets)
         except BaseException:

@@ -12,7 +12,9 @@ from airflow_sky.operators.job_spec import JobSpec
 
 
 class SkyTeardownOperator(SkyBaseOperator):
-    """Terminates every node of the cluster when `down` is true; runs even when the job failed."""
+    """Ends the job's use of the cluster; with `down` (the default) terminates every node once no other
+    job holds the cluster (SkyPilot's autodown): a cluster another run still uses is left to the last job's
+    teardown. Runs even when the job failed."""
 
     ui_color = "#ffcdd2"
 
@@ -27,22 +29,41 @@ class SkyTeardownOperator(SkyBaseOperator):
         self.mask_secrets()  # (and a managed job's spec adopted: whether the cluster goes down)
         handle = self.handle()
         hook = self.hook(handle)
-        if not self.down:
+        name = handle.cluster_name
+        release = hook.release_cluster(handle, self.down, self.log.info)
+        if not release.terminate:
             self._cancel_an_unfollowed_job(handle)
-            # The job has ended: its mounts' uploads finish, the mounts and their credentials go, and the
-            # buckets it created for `persistent: false` mounts are deleted; the nodes stay.
+            # The job has ended: its mounts' uploads finish, the mounts and their credentials go (unless other
+            # jobs use the node's mounts), and buckets it created for `persistent: false` mounts are deleted.
+            # Where another job keeps a requested down waiting, the last teardown deletes them.
+            holders = "; ".join(h.describe() for h in release.holders)
+            if release.down_requested:
+                self.log.info(
+                    "Keeping cluster %s up: %s still uses it. Down is requested: the last of its jobs to "
+                    "finish tears it down (and releases this job's buckets then)",
+                    name,
+                    holders,
+                )
+                return
+            if release.holders:
+                hook.release_buckets(handle, self.sky_task, self.log.info, detach=False)
+                self.log.info("Keeping cluster %s (down=False); %s still uses it", name, holders)
+                return
             hook.release_buckets(handle, self.sky_task, self.log.info)
-            self.log.info(
-                "Keeping cluster %s (down=False); stop it with: airflow-sky down %s",
-                handle.cluster_name,
-                handle.cluster_name,
-            )
+            self.log.info("Keeping cluster %s (down=False); stop it with: airflow-sky down %s", name, name)
             return
+        if release.closing_by is not None:
+            self.log.info(
+                "Cluster %s is already being torn down by job %d's teardown", name, release.closing_by
+            )
         try:
-            hook.release_buckets(handle, self.sky_task, self.log.info)  # before the nodes go
+            # Before the nodes go; with the buckets of jobs whose teardown left the cluster to this one.
+            hook.release_buckets(handle, self.sky_task, self.log.info, also=release.deferred)
         finally:
             # A bucket that could not be deleted fails this task, never keeps the nodes.
-            self.log.info("Tearing down cluster %s (%d nodes)", handle.cluster_name, len(handle.nodes))
+            self.log.info(
+                "Tearing down cluster %s (%d nodes): no other job holds it", name, len(handle.nodes)
+            )
             hook.terminate()
 
     def _cancel_an_unfollowed_job(self, handle: JobHandle) -> None:
