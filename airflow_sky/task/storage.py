@@ -85,7 +85,10 @@ def bucket_mounts(task: Task, store_default: str | None = None) -> list[BucketMo
     not one of them (it is synced). Raises SpecError naming the field and what is allowed."""
     mounts = []
     for destination, source in task.file_mounts.items():
-        mount = _bucket_mount(task, destination, source, store_default)
+        try:
+            mount = _bucket_mount(task, destination, source, store_default)
+        except SpecError as e:  # a bucket name or path may hold a substituted secret
+            raise SpecError(task.hide_secrets(str(e))) from None
         if mount is not None:
             mounts.append(mount)
     return mounts

@@ -251,7 +251,7 @@ class Task:
         try:
             self._load_substituted(config, ctx)
         except SpecError as e:  # a message may quote a value that a secret was substituted into
-            raise SpecError(self._secrets_hidden(str(e))) from None
+            raise SpecError(self.hide_secrets(str(e))) from None
         for key in self.extra_fields:
             ctx.note_inert([key])
         for dst, src in self.file_mounts.items():
@@ -279,8 +279,9 @@ class Task:
             if key in config
         }
 
-    def _secrets_hidden(self, value: Any) -> Any:
-        """`value` (text or plain data) with every secret value, wherever `$VAR` put it, as <redacted>."""
+    def hide_secrets(self, value: Any) -> Any:
+        """`value` (text or plain data) with every secret value, wherever `$VAR` put it, as <redacted>:
+        for messages about fields that secrets were substituted into (paths, URLs, bucket names)."""
         return redact_json(value, redactor(self.secrets.values(), mask=REDACTED))
 
     # -- editing -------------------------------------------------------------------------------------------
@@ -364,7 +365,7 @@ class Task:
         }
         extra = copy.deepcopy(self.extra_fields)
         if redact_secrets:  # secrets substituted into paths, URLs and inert fields too
-            workdir, mounts, extra = (self._secrets_hidden(part) for part in (workdir, mounts, extra))
+            workdir, mounts, extra = (self.hide_secrets(part) for part in (workdir, mounts, extra))
         secrets: dict[str, Any] = (
             {key: REDACTED for key in self.secrets} if redact_secrets else dict(self.secrets)
         )

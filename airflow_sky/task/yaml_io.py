@@ -44,6 +44,13 @@ class _BoundedLoader(yaml.SafeLoader):
         self._documents = 0
         self._measured: dict[int, tuple[Node, int, int]] = {}  # id -> (node, size, depth), aliases expanded
 
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        """`[`/`{` past the depth limit, refused while scanning: PyYAML's scanner reads a run of them all
+        before the first reaches the composer, at a cost that grows with the square of their number."""
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise self._refuse(f"nested more than {MAX_YAML_DEPTH} lists/mappings deep", self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
     def compose_document(self) -> Node | None:
         self._documents += 1
         if self._documents > MAX_YAML_DOCUMENTS:
@@ -135,9 +142,8 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().construct_object(node, deep=deep)
         except (ValueError, TypeError, OverflowError) as e:
             shown = show(node.value) if isinstance(node, ScalarNode) else "this value"
-            raise yaml.constructor.ConstructorError(
-                None, None, f"cannot read {shown}: {e}", node.start_mark
-            ) from e
+            reason = str(e).split(";")[0]  # not Python's advice (sys.set_int_max_str_digits)
+            raise _Refused(None, None, f"cannot read {shown}: {reason}", node.start_mark) from e
 
 
 def _construct_mapping(loader: _BoundedLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
