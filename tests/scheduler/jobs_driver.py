@@ -2,7 +2,9 @@
 
 Runs inside a private network namespace (see stack.py). The scenario, as a user would go through it:
 
-1. a bad task is refused by `jobs launch` locally: nothing reaches Airflow (no run, no Variable);
+1. a bad task is refused by `jobs launch` locally: nothing reaches Airflow (no run, no Variable); two hostile
+   confs posted straight to the REST API (the worker's own file as a file_mount; an infra the deployment
+   does not allow) fail their spec task with the policy's line, no node started (checked at the end);
 2. `jobs launch train.yaml --secret TOKEN` (the value from the environment) follows the job's logs; the CLI is
    killed once every rank runs; a worker node is then preempted; `jobs queue` shows RECOVERING, then
    SUCCEEDED with one recovery; `jobs logs` shows both generations of every rank;
@@ -33,7 +35,15 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.s3server import S3Server
-from tests.scheduler.stack_driver import API, _exit_on_sigterm, _get, _stack_env, _wait_for, stop_stack
+from tests.scheduler.stack_driver import (
+    API,
+    _exit_on_sigterm,
+    _get,
+    _request,
+    _stack_env,
+    _wait_for,
+    stop_stack,
+)
 
 SKY = str(Path(sys.executable).parent / "airflow-sky")
 SECRET = "managed-s3cr3t-value"
@@ -90,6 +100,12 @@ run: |
   if [ -e debug.log ]; then echo "rank $SKYPILOT_NODE_RANK has debug.log"; fi
 """
 JOBS_BUCKET, JOBS_PREFIX = "sky-jobs", "uploads"
+WORKER_KEY = "WORKER-PRIVATE-KEY-MARKER"
+# Run confs posted straight to the API (a user who may trigger the DAG): run id -> (conf's task extras, infra).
+HOSTILE = {
+    "sky-job-hostile-worker-path": ({"file_mounts": {"/tmp/k": "{probe}/worker-key"}}, "local"),
+    "sky-job-hostile-infra": ({}, "aws/us-east-1"),
+}
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -146,6 +162,7 @@ def scenario(
     bad = _cli(env, "jobs", "launch", str(probe / "bad.yaml"))
     report["bad"] = {"rc": bad.returncode, "output": bad.stdout + bad.stderr}
     report["runs_after_bad"] = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
+    _post_hostile(client, probe)
 
     # 2. Launch and follow; kill the CLI once every rank runs; preempt rank 1.
     out_path = probe / "launch.out"
@@ -248,9 +265,38 @@ def scenario(
     report["files_left"] = _uploaded(s3, files_id)
     report["jobs_bucket_left"] = s3.keys(JOBS_BUCKET)
     report["runs_total"] = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
+    report["hostile"] = {run_id: _refusal(client, env, run_id, report) for run_id in HOSTILE}
     report["clusters_left"] = [
         c for c in LocalCloud().clusters() if c.startswith(("managed-", "airflow-sky-jobs"))
     ]
+
+
+def _post_hostile(client: httpx.Client, probe: Path) -> None:
+    """Trigger the hostile confs through the REST API, as the UI or any API user can."""
+    (probe / "worker-key").write_text(WORKER_KEY + "\n")
+    for run_id, (extras, infra) in HOSTILE.items():
+        fields = json.loads(json.dumps(extras).replace("{probe}", str(probe)))
+        task = {"name": "hostile", "run": f"cat /tmp/k; touch {probe}/hostile-ran", **fields}
+        conf = {"task": task, "secrets": [], "infra": infra, "cluster_name": "managed-hostile"}
+        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
+        posted = _request(client, "POST", "/api/v2/dags/airflow_sky_jobs/dagRuns", json=body)
+        posted.raise_for_status()
+
+
+def _refusal(
+    client: httpx.Client, env: dict[str, str], run_id: str, report: dict[str, Any]
+) -> dict[str, Any]:
+    """How a hostile run ended: its state, `jobs queue`'s status, its spec task's log, its provision's state."""
+    runs = f"/api/v2/dags/airflow_sky_jobs/dagRuns/{run_id}"
+    state = _until(
+        f"{run_id} to end",
+        lambda: (s := _get(client, runs).json()["state"]) in ("success", "failed") and s,
+        120,
+        report,
+    )
+    log = _get(client, f"{runs}/taskInstances/spec/logs/1", headers={"Accept": "application/json"}).text
+    provision = _get(client, f"{runs}/taskInstances/job.provision").json().get("state")
+    return {"state": state, "queue": _queue(env).get(run_id), "spec_log": log, "provision": provision}
 
 
 def main(config_path: str, report_path: str) -> int:
@@ -269,6 +315,8 @@ def main(config_path: str, report_path: str) -> int:
         {
             "AIRFLOW_CONN_AWS_DEFAULT": s3.connection,
             "AIRFLOW__SKY__JOBS_BUCKET": f"s3://{JOBS_BUCKET}/{JOBS_PREFIX}",
+            # These jobs run on local nodes: the deployment opts in (the default refuses local in a conf).
+            "AIRFLOW__SKY__MANAGED_INFRAS": "local",
         }
     )
     with log.open("wb") as out:

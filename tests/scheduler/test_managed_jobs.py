@@ -1,6 +1,7 @@
 """Managed jobs on a real Airflow (`airflow standalone` in a private network namespace), through the CLI.
 
-See jobs_driver.py for the scenario: a bad task refused locally; a job launched from the CLI, the CLI killed,
+See jobs_driver.py for the scenario: a bad task refused locally; hostile run confs refused by the
+deployment's policy; a job launched from the CLI, the CLI killed,
 a node preempted, the job recovered by Airflow alone; a second job cancelled with nothing left running; a
 pipeline; a job whose local workdir and file went through the jobs bucket (moto's S3 in the namespace).
 """
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 from airflow_sky.infra.local import daemon
-from tests.scheduler.jobs_driver import SECRET
+from tests.scheduler.jobs_driver import HOSTILE, SECRET, WORKER_KEY
 from tests.scheduler.stack import run_in_private_network, terminate_clusters
 
 DRIVER = Path(__file__).with_name("jobs_driver.py")
@@ -81,7 +82,18 @@ def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelle
         assert conf["task"]["file_mounts"]["~/inputs"] == "s3://inputs/data", context
         assert report["files_left"] == [] and report["jobs_bucket_left"] == [], context
         assert report["long_uploaded"] is True, context
-        assert report["runs_total"] == 4, context  # train, long, pipeline, files: none from the refused ones
+        # train, long, pipeline, files and the two hostile confs: none from the ones the CLI refused.
+        assert report["runs_total"] == 6, context
+        # The hostile confs: refused by the deployment's policy in the spec task, before any node.
+        worker_path, infra = (report["hostile"][run_id] for run_id in HOSTILE)
+        assert "task.file_mounts./tmp/k" in worker_path["spec_log"], context
+        assert "names a path on the Airflow worker" in worker_path["spec_log"], context
+        assert "infra: aws/us-east-1 is not allowed here; allowed: local" in infra["spec_log"], context
+        for refused in (worker_path, infra):
+            assert refused["state"] == "failed" and refused["queue"] == "FAILED_PRECHECKS", context
+            assert refused["provision"] not in ("success", "running", "failed"), context
+            assert WORKER_KEY not in refused["spec_log"], context
+        assert not (probe / "hostile-ran").exists()
         assert daemon.processes_with_marker("managed-") == []
     finally:
         terminate_clusters("managed-")
