@@ -9,6 +9,7 @@ import logging
 import random
 import select
 import shlex
+import shutil
 import socket
 import stat
 import threading
@@ -383,9 +384,10 @@ class NodeClient:
                 sftp.chmod(remote_path, mode)
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
-        """Download one file (streamed in blocks)."""
-        with self._sftp_call(f"download of {remote_path}") as sftp:
-            sftp.get(remote_path, str(local_path))
+        """Download one regular file (streamed in blocks, up to the size it had when opened)."""
+        with self.open_regular(remote_path) as (stream, _size), open(local_path, "wb") as out:
+            stream.prefetch()
+            shutil.copyfileobj(stream, out, _READ_BLOCK)
 
     def read_file(self, remote_path: str, max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes | None:
         """A small remote file's content, or None when it does not exist.
@@ -480,8 +482,8 @@ class UnsafeRemoteFile(RemoteError):
 
     def __init__(self, path: str, kind: str, rank: int) -> None:
         super().__init__(
-            f"~/{path} on node rank {rank} is {kind}, not a regular file: airflow-sky reads only regular "
-            "files there and never follows a link a job left"
+            f"~/{path} on node rank {rank} is {kind}, not a regular file: airflow-sky does not read it "
+            "(a read there could be endless or block: a link to /dev/zero, a FIFO)"
         )
         self.path, self.kind = path, kind
 
