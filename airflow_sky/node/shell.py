@@ -139,6 +139,16 @@ def _prune_ended_jobs(keep: int) -> str:
   done ) >/dev/null 2>&1 || true"""
 
 
+# The job's process group: its pid file, or, where the job replaced that, the wrapper found by its command line
+# (a job cannot make itself unkillable by planting a pid file).
+JOB_PID = """\
+job_pid() {
+  p=$(small "$1/pid" || true)
+  case "$p" in ''|*[!0-9]*) p=$(pgrep -o -f -- "^bash $1/launch.sh\\$" 2>/dev/null || true);; esac
+  echo "$p"
+}"""
+
+
 def poll_command(job_id: str, generation: int, offset: int, max_bytes: int) -> str:
     """Print `<exit_code|-> <alive 0|1> <log size> <pid|->` on one line, then log bytes [offset, offset+max_bytes).
 
@@ -152,11 +162,12 @@ def poll_command(job_id: str, generation: int, offset: int, max_bytes: int) -> s
     d = generation_dir(job_id, generation)
     return f"""\
 {READ_SMALL}
+{JOB_PID}
 d={d}
 {TOUCH_ACTIVITY}
 if [ ! -d "$d" ]; then echo "missing 0 0 -"; exit 0; fi
 alive=0
-pid=$(small "$d/pid" || true)
+pid=$(job_pid "$d")
 case "$pid" in ''|*[!0-9]*) pid=;; *) if [ "$pid" -gt 1 ] && kill -0 -- "-$pid" 2>/dev/null; then alive=1; fi;; esac
 ec=$(small "$d/exit_code" || true)
 case "$ec" in ''|*[!0-9-]*) ec=-;; esac
@@ -179,8 +190,9 @@ def kill_command(
     ticks = max(1, int(grace_s * 10))
     return f"""\
 {READ_SMALL}
+{JOB_PID}
 d={d}
-pid=$(small "$d/pid" || true)
+pid=$(job_pid "$d")
 case "$pid" in ''|*[!0-9]*|0|1) echo none; exit 0;; esac
 kill -{int(sig)} -- "-$pid" 2>/dev/null || true
 i=0

@@ -136,4 +136,22 @@ def test_a_log_or_pid_replaced_by_a_link_or_fifo_reads_as_empty_not_forever(loca
         poll = jobs.read_job(client, "logs", 0, 0)
         assert (poll.data, poll.pid, poll.running) == (b"", None, True)
         shell = jobs.poll_job(client, "logs", 0, 0)
-        assert (shell.data, shell.log_size, shell.pid) == (b"", 0, None)
+        assert (shell.data, shell.log_size, shell.running) == (
+            b"",
+            0,
+            True,
+        ) and shell.pid  # by its command line
+
+
+def test_a_job_that_replaces_its_pid_file_is_still_seen_running_and_killed(local_cluster):
+    _, nodes, key = local_cluster(1)
+    with NodeClient(nodes[0], key) as client:
+        script = 'd="$AIRFLOW_SKY_JOB_DIR/gen-0"; rm -f "$d/pid"; mkfifo "$d/pid"; echo planted; sleep 300'
+        jobs.start_job(client, "unkillable", script, {})
+        _wait_planted(client, "unkillable")
+        poll = jobs.poll_job(client, "unkillable", 0, 0)
+        assert poll.running and poll.pid, poll  # the wrapper, found by its command line
+        assert jobs.kill_job(client, "unkillable", 0, grace_s=1.0) == 143
+        after = jobs.poll_job(client, "unkillable", 0, 0)
+        assert (after.running, after.exit_code) == (False, 143)
+        assert client.exec("pgrep -f 'sleep 300'")[0] == 1, "the job's processes outlived the kill"
