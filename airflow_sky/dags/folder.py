@@ -220,7 +220,7 @@ def dags_from_folder(path: str | os.PathLike[str]) -> dict[str, Any]:
         try:
             dag = dag_from_task_file(task_file, taken=dags)
         except Exception as e:  # whatever one file does wrong, the folder's other DAGs still load
-            error = e if isinstance(e, SkyError) else _unexpected(task_file, e)
+            error = _naming_the_file(task_file, e)
             warnings.warn_explicit(str(error), SkyFolderWarning, filename=str(task_file), lineno=1)
             if _default_dag_id(task_file) in dags:
                 continue  # its id is another file's DAG (the warning still names the file)
@@ -229,6 +229,12 @@ def dags_from_folder(path: str | os.PathLike[str]) -> dict[str, Any]:
     return dags
 
 
-def _unexpected(path: Path, error: Exception) -> SpecError:
-    """An error no check foresaw, as one line naming the file (a bug to report, not a folder outage)."""
-    return SpecError(one_line(f"{path}: cannot become a DAG: {type(error).__name__}: {error}"))
+def _naming_the_file(path: Path, error: Exception) -> SkyError:
+    """The error as one line that names the task file (or its sidecar). A check while the DAG is built (a
+    bucket with no store) names only the field; an error no check foresaw says what it was (a bug to
+    report, not a folder outage)."""
+    if not isinstance(error, SkyError):
+        return SpecError(one_line(f"{path}: cannot become a DAG: {type(error).__name__}: {error}"))
+    if str(error).startswith(str(path.parent)):
+        return error
+    return SpecError(one_line(f"{path}: {error}"))

@@ -136,14 +136,16 @@ class _BoundedLoader(yaml.SafeLoader):
         return _Refused(None, None, f"{where}: {problem}", mark or self.peek_event().start_mark)
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:
-        """A value PyYAML cannot build (`2024-13-45` as a date, an int of 5,000 digits) is a YAML error at
-        its line, not a ValueError from deep inside the constructor."""
+        """A value PyYAML cannot build (`2024-13-45` as a date, an int of 5,000 digits, `!!int` with no
+        digits, `!!bool maybe`) is one error at its line, not an exception from inside the constructor."""
         try:
             return super().construct_object(node, deep=deep)
-        except (ValueError, TypeError, OverflowError) as e:
+        except (ValueError, TypeError, ArithmeticError, LookupError, AttributeError) as e:
             shown = show(node.value) if isinstance(node, ScalarNode) else "this value"
-            reason = str(e).split(";")[0]  # not Python's advice (sys.set_int_max_str_digits)
-            raise _Refused(None, None, f"cannot read {shown}: {reason}", node.start_mark) from e
+            tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+            # A ValueError says why (month must be in 1..12); not Python's advice (sys.set_int_max_str_digits).
+            reason = f": {str(e).split(';')[0]}" if isinstance(e, ValueError | OverflowError) else ""
+            raise _Refused(None, None, f"cannot read {shown} as {tag}{reason}", node.start_mark) from e
 
 
 def _construct_mapping(loader: _BoundedLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -167,8 +169,9 @@ _BoundedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _
 def parse_yaml_documents(text: str, source: str) -> list[Any]:
     """Parse every YAML document of `text` safely and within the limits above; empty documents (a
     trailing `---`) are dropped. Errors name `source`, the line and, for a limit, the field."""
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # (its reader refuses control characters here already)
         documents = []
         while loader.check_data():
             documents.append(loader.get_data())
@@ -178,7 +181,8 @@ def parse_yaml_documents(text: str, source: str) -> list[Any]:
         problem = getattr(e, "problem", None) or str(e)
         raise SpecError(one_line(f"{source}: {_where(e)}invalid YAML: {problem}")) from e
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return [document for document in documents if document is not None]
 
 

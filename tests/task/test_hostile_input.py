@@ -73,7 +73,7 @@ HOSTILE_FILES: dict[str, tuple[bytes, str]] = {
         b"run: x\nservice: &a [1, *a]\n",
         "an alias (*name) names a list or mapping that contains",
     ),
-    "impossible_date": (b"run: x\nservice: {when: 2024-13-45}\n", "cannot read '2024-13-45': month must be"),
+    "impossible_date": (b"run: x\nservice: {when: 2024-13-45}\n", "cannot read '2024-13-45' as !!timestamp: month must be"),
     "huge_integer": (b"run: x\nservice: {n: " + b"9" * 5000 + b"}\n", "line 2, column 14: cannot read '9999"),
     "too_many_documents": (
         b"name: p\n" + b"---\nrun: x\n" * (MAX_YAML_DOCUMENTS + 5),
