@@ -114,7 +114,7 @@ def launch(
             uploads += more
     specs = []
     for index, one in enumerate(tasks):
-        mapping = one.to_dict()
+        mapping = one.to_dict(secret_references=True)  # a token in a git URL travels as ${NAME}
         mapping["secrets"] = {name: None for name in one.secrets}
         owner = job_owner(run_id, index, len(tasks))
         specs.append(

@@ -90,6 +90,37 @@ def substitute(value: Any, mapping: Mapping[str, str]) -> Any:
     return value
 
 
+def as_references(value: Any, secrets: Mapping[str, str], mapping: Mapping[str, str]) -> Any:
+    """`protect`, and every secret's value written back as `${NAME}`: substituting the result with the same
+    values gives `value` again, and the text itself holds no secret (a managed job's run conf)."""
+    found = sorted(((v, k) for k, v in secrets.items() if v), key=lambda pair: -len(pair[0]))
+    if not found:
+        return protect(value, mapping)
+    names = dict(found)  # value -> name; longest values first, so one inside another is not cut
+    pattern = re.compile("|".join(re.escape(v) for v, _ in found))
+
+    def refer(text: str) -> str:
+        if not pattern.search(text):
+            return protect(text, mapping)
+        parts = pattern.split(text)  # the text around each secret; `$` there escaped
+        hits = pattern.findall(text)
+        out = [parts[0].replace("$", "$$")]
+        for hit, part in zip(hits, parts[1:], strict=True):
+            out += ["${", names[hit], "}", part.replace("$", "$$")]
+        return "".join(out)
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return refer(item)
+        if isinstance(item, dict):
+            return {walk(k): walk(v) for k, v in item.items()}
+        if isinstance(item, list):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(value)
+
+
 def protect(value: Any, mapping: Mapping[str, str]) -> Any:
     """Inverse for output: escape '$' as '$$' where substituting again would change a string, so a
     serialized task reads back to the same values."""

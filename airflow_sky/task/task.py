@@ -355,8 +355,13 @@ class Task:
         """The local workdir as an absolute path; None without one or for a git workdir."""
         return self.resolve_local_path(self.workdir) if isinstance(self.workdir, str) else None
 
-    def to_dict(self, *, redact_secrets: bool = False) -> dict[str, Any]:
-        """The normalized task mapping; `Task.from_dict(task.to_dict())` equals `task`."""
+    def to_dict(self, *, redact_secrets: bool = False, secret_references: bool = False) -> dict[str, Any]:
+        """The normalized task mapping; `Task.from_dict(task.to_dict())` equals `task`.
+
+        `redact_secrets`: secrets' values as <redacted>, in `secrets` and wherever `$VAR` put them (to show).
+        `secret_references`: where `$VAR` put a secret's value (a token in a git URL), `${NAME}` instead, so
+        the mapping can travel without the value and load back equal once the secrets are given.
+        """
         mapping = self.envs_and_secrets
         workdir = self.workdir.to_dict() if isinstance(self.workdir, GitWorkdir) else self.workdir
         mounts = {
@@ -372,18 +377,19 @@ class Task:
         envs: dict[str, Any] = dict(self.envs)
         for key, field in getattr(self, "unset", {}).items():  # a template's values still to be given
             (envs if field == "envs" else secrets)[key] = None
+        referred = self.secrets if secret_references else {}
         extra = {
-            key: ov.protect(value, mapping) if key in _SUBSTITUTED_EXTRA else value
+            key: ov.as_references(value, referred, mapping) if key in _SUBSTITUTED_EXTRA else value
             for key, value in extra.items()
         }
         data: dict[str, Any] = {
             "name": self.name,
-            "workdir": ov.protect(workdir, mapping),
+            "workdir": ov.as_references(workdir, referred, mapping),
             "num_nodes": self.num_nodes,
             "resources": self.resources.to_dict() or None,
             "envs": envs or None,
             "secrets": secrets or None,
-            "file_mounts": ov.protect(mounts, mapping) or None,
+            "file_mounts": ov.as_references(mounts, referred, mapping) or None,
             "setup": self.setup,
             "run": self.run,
             **extra,

@@ -73,7 +73,10 @@ HOSTILE_FILES: dict[str, tuple[bytes, str]] = {
         b"run: x\nservice: &a [1, *a]\n",
         "an alias (*name) names a list or mapping that contains",
     ),
-    "impossible_date": (b"run: x\nservice: {when: 2024-13-45}\n", "cannot read '2024-13-45' as !!timestamp: month must be"),
+    "impossible_date": (
+        b"run: x\nservice: {when: 2024-13-45}\n",
+        "cannot read '2024-13-45' as !!timestamp: month must be",
+    ),
     "huge_integer": (b"run: x\nservice: {n: " + b"9" * 5000 + b"}\n", "line 2, column 14: cannot read '9999"),
     "too_many_documents": (
         b"name: p\n" + b"---\nrun: x\n" * (MAX_YAML_DOCUMENTS + 5),
@@ -247,3 +250,30 @@ def test_an_error_about_a_field_a_secret_was_substituted_into_shows_it_redacted(
         f"airflow-sky: error: {path}: file_mounts./d/<redacted>: unsupported URI scheme 'ftp'; supported: "
         "s3://, gs://, r2://, https://, cos://, oci://, nebius://, cw://\n"
     )
+
+
+def test_a_task_travels_with_secret_references_instead_of_substituted_values() -> None:
+    # A managed job's run conf: the token of a git URL goes as ${GH_TOKEN}, its value in a Variable; the task
+    # loads back equal once the secrets are given. Literal `$`s stay escaped.
+    token = "ghp_s3cr3t$T0ken"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        task = Task.from_dict(
+            {
+                "run": "x",
+                "secrets": {"GH_TOKEN": token, "SHORT": "ghp"},
+                "envs": {"PRICE": "5$"},
+                "workdir": {"url": "https://x:$GH_TOKEN@git.example.com/r.git?p=$$1"},
+                "file_mounts": {"/d/${GH_TOKEN}/$PRICE": "s3://bucket/${SHORT}x"},
+                "service": {"probe": "/health?t=$GH_TOKEN"},
+            }
+        )
+        sent = task.to_dict(secret_references=True)
+        sent.pop("secrets")
+        assert "s3cr3t" not in str(sent)
+        assert sent["workdir"] == {"url": "https://x:${GH_TOKEN}@git.example.com/r.git?p=$$1"}
+        assert sent["file_mounts"] == {"/d/${GH_TOKEN}/5$$": "s3://bucket/${SHORT}x"}
+        assert sent["service"] == {"probe": "/health?t=${GH_TOKEN}"}
+        received = Task.from_dict({**sent, "secrets": {"GH_TOKEN": token, "SHORT": "ghp"}})
+    assert received == task
+    assert received.workdir is not None and token in str(received.workdir)
