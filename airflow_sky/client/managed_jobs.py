@@ -330,8 +330,32 @@ def logs(
                 for line in reader.read(final=ti.get("state") in _ENDED):
                     emit(line)
             if not follow or (ended and all(r.done for r in readers.values())):
+                for line in _spec_errors(client, dag_id, job_id, tis) if ended else ():
+                    emit(line)
                 return _job(client, dag_id, run, tis)
             time.sleep(poll_s)
+
+
+def _spec_errors(client: AirflowApi, dag_id: str, run_id: str, tis: list[dict[str, Any]]) -> Iterator[str]:
+    """Why the deployment refused the run's conf: the error its failed spec task logged (the deployment's
+    policy, a conf this machine did not check), as one line each."""
+    for ti in tis:
+        if not (re.fullmatch(r"spec\d*", _step(ti)) and ti.get("state") == "failed" and ti.get("try_number")):
+            continue
+        path = _run_path(dag_id, run_id) + api_path("taskInstances", ti["task_id"], "logs", ti["try_number"])
+        try:
+            page = client.request("GET", path, headers={"Accept": "application/json"}).json()
+        except (ApiError, ValueError):
+            continue
+        errors = [
+            str(error["exc_value"])
+            for event in page.get("content") or []
+            for value in (event.values() if isinstance(event, dict) else ())
+            for error in (value if isinstance(value, list) else ())
+            if isinstance(error, dict) and error.get("exc_value")
+        ]
+        if errors:  # the first: the exception raised (the rest are its causes)
+            yield f"{ti['task_id']} failed: {errors[0]}"
 
 
 class _LogReader:

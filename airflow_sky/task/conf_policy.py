@@ -129,6 +129,8 @@ def infra_allowed(policy: ConfPolicy, infra: str) -> bool:
     """Whether a run may use `infra`: `local` only when listed as such; else a listed name covers itself and
     what is below it (`aws` covers `aws/us-east-1`), a glob matches the whole infra."""
     infra = infra.strip().lower()
+    if any(part in ("", ".", "..") for part in infra.split("/")):
+        return False  # `ssh/pool/../other` is no spelling of an allowed infra
     if infra.split("/", 1)[0] == LOCAL:
         return LOCAL in policy.infras
     if not policy.infras:
@@ -150,16 +152,23 @@ def bucket_allowed(policy: ConfPolicy, mount: BucketMount, own: Iterable[str] = 
     """Whether the task may mount `mount`: in the jobs bucket only below the run's `own` prefixes (its
     uploads); elsewhere any bucket without an allow-list, else one the list (or `own`) covers. A prefix with
     `.` or `..` segments is covered by nothing."""
-    own = tuple(own)
+    return _bucket_refusal(policy, mount, tuple(own)) is None
+
+
+def _bucket_refusal(policy: ConfPolicy, mount: BucketMount, own: tuple[str, ...]) -> str | None:
+    """Why `mount` is not allowed (what is), or None when it is."""
     if _bad_segments(mount.prefix):
-        return False
-    if policy.jobs_bucket and (
-        _covers(policy.jobs_bucket, mount.uri) or _covers(mount.uri, policy.jobs_bucket)
-    ):
-        return any(_covers(prefix, mount.uri) for prefix in own)
-    if policy.buckets is None:
-        return True
-    return any(_covers(allowed, mount.uri) for allowed in (*policy.buckets, *own))
+        return "a bucket prefix has no empty, `.` or `..` segments"
+    jobs = policy.jobs_bucket
+    if jobs and (_covers(jobs, mount.uri) or _covers(mount.uri, jobs)):
+        if any(_covers(prefix, mount.uri) for prefix in own):
+            return None
+        return (
+            f"it holds the runs' uploads ({setting_name('jobs_bucket')}), of which a run reads its own only"
+        )
+    if policy.buckets is None or any(_covers(allowed, mount.uri) for allowed in (*policy.buckets, *own)):
+        return None
+    return f"allowed: {', '.join(policy.buckets)} ({setting_name('managed_buckets')})"
 
 
 def _covers(allowed: str, uri: str) -> bool:
@@ -199,25 +208,14 @@ def check_run_conf(
         )
     if policy.buckets is None and policy.jobs_bucket is None:
         return
-    own = [uploads] if uploads else []
+    own = (uploads,) if uploads else ()
     for mount in bucket_mounts(task, default_store(infra, policy.default_store)):
-        if not bucket_allowed(policy, mount, own):
+        refusal = _bucket_refusal(policy, mount, own)
+        if refusal is not None:
             raise SpecError(
                 f"{source}: task.file_mounts.{mount.destination}: bucket {mount.uri} is not allowed here; "
-                f"{_allowed_buckets(policy, mount)}"
+                f"{refusal}"
             )
-
-
-def _allowed_buckets(policy: ConfPolicy, mount: BucketMount) -> str:
-    if _bad_segments(mount.prefix):
-        return "a bucket prefix has no empty, `.` or `..` segments"
-    if policy.jobs_bucket and (
-        _covers(policy.jobs_bucket, mount.uri) or _covers(mount.uri, policy.jobs_bucket)
-    ):
-        return (
-            f"it holds the runs' uploads ({setting_name('jobs_bucket')}), of which a run reads its own only"
-        )
-    return f"allowed: {', '.join(policy.buckets or ())} ({setting_name('managed_buckets')})"
 
 
 def _allowed_infras(policy: ConfPolicy) -> str:

@@ -296,7 +296,14 @@ def _refusal(
     )
     log = _get(client, f"{runs}/taskInstances/spec/logs/1", headers={"Accept": "application/json"}).text
     provision = _get(client, f"{runs}/taskInstances/job.provision").json().get("state")
-    return {"state": state, "queue": _queue(env).get(run_id), "spec_log": log, "provision": provision}
+    logs = _cli(env, "jobs", "logs", run_id, "--no-follow")  # what its user sees: the refusal, one line
+    return {
+        "state": state,
+        "queue": _queue(env).get(run_id),
+        "spec_log": log,
+        "provision": provision,
+        "cli_logs": logs.stdout + logs.stderr,
+    }
 
 
 def main(config_path: str, report_path: str) -> int:

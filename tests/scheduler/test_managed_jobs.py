@@ -89,6 +89,11 @@ def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelle
         assert "task.file_mounts./tmp/k" in worker_path["spec_log"], context
         assert "names a path on the Airflow worker" in worker_path["spec_log"], context
         assert "infra: aws/us-east-1 is not allowed here; allowed: local" in infra["spec_log"], context
+        # `jobs logs` (and a following `jobs launch`) says why, in one line.
+        assert "spec failed: the run conf: infra: aws/us-east-1 is not allowed here" in infra["cli_logs"], (
+            context
+        )
+        assert "spec failed: the run conf: task.file_mounts./tmp/k (" in worker_path["cli_logs"], context
         for refused in (worker_path, infra):
             assert refused["state"] == "failed" and refused["queue"] == "FAILED_PRECHECKS", context
             assert refused["provision"] not in ("success", "running", "failed"), context

@@ -47,7 +47,17 @@ def test_an_infra_list_allows_its_names_what_is_below_them_and_glob_matches():
     policy = _policy(managed_infras="aws, ssh/gpu-pool gcp/us-*")
     for allowed in ("aws", "aws/eu-west-1", "AWS/us-east-1/us-east-1a", "ssh/gpu-pool", "gcp/us-east1"):
         assert infra_allowed(policy, allowed), allowed
-    for refused in ("awsx", "ssh/other-pool", "ssh/gpu-pool2", "gcp", "gcp/europe-west4", "local"):
+    for refused in (
+        "awsx",
+        "ssh/other-pool",
+        "ssh/gpu-pool2",
+        "ssh/gpu-pool/../other-pool",
+        "gcp/us-x/../../ssh/other",
+        "aws/",
+        "gcp",
+        "gcp/europe-west4",
+        "local",
+    ):
         assert not infra_allowed(policy, refused), refused
 
 
@@ -172,3 +182,18 @@ def test_a_conf_from_jobs_launch_passes_the_policy_it_was_launched_under():
     conf = JobSpec(task=task.to_dict(), secrets={}, infra="aws", cluster_name="team-a-x").to_run_conf()
     policy = _policy(managed_infras="aws", managed_cluster_names="team-a-*", managed_buckets="s3://team-a")
     assert JobSpec.from_conf(conf, owner="r", policy=policy).cluster_name == "team-a-x"
+
+
+def test_a_conf_mounting_another_runs_uploads_is_refused_even_without_an_allow_list():
+    policy = _policy(jobs_bucket="s3://sky-jobs/uploads")
+    mine = "s3://sky-jobs/uploads/run-1"
+    task = {"run": "true", "file_mounts": {"~/x": "s3://sky-jobs/uploads/run-2/workdir"}}
+    with pytest.raises(
+        SpecError, match=r"file_mounts\.~/x: bucket s3://sky-jobs/uploads/run-2/workdir .* its own only"
+    ):
+        JobSpec.from_conf(_conf(task, infra="aws", uploads=mine), owner="run-1", policy=policy)
+    task["file_mounts"] = {"~/x": f"{mine}/workdir"}
+    assert (
+        JobSpec.from_conf(_conf(task, infra="aws", uploads=mine), owner="run-1", policy=policy).uploads
+        == mine
+    )
