@@ -129,7 +129,9 @@ def launch(
         )
     policy = client_policy()
     for index, spec in enumerate(specs):  # what the DAG's spec tasks will check, checked here first
-        JobSpec.from_conf(spec.to_run_conf(), owner=job_owner(run_id, index, len(specs)), policy=policy)
+        JobSpec.from_conf(spec.to_run_conf(), owner=job_owner(run_id, index, len(specs)))
+        if policy is not None:
+            spec.check_policy(policy, tasks[index])
     files = files_to_upload(bucket.bucket, uploads) if bucket is not None and uploads else []
     confs = [spec.to_run_conf() for spec in specs]
     conf = confs[0] if pipeline is None else {"pipeline": pipeline, "jobs": confs}

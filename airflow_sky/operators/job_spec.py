@@ -96,12 +96,11 @@ class JobSpec:
         conf: Any,
         source: str = "the run conf",
         owner: str | None = None,
-        policy: ConfPolicy | None = None,
     ) -> JobSpec:
         """Check a run conf field by field; a bad one raises SpecError naming the field.
 
-        A conf never names a path on the worker (task.conf_policy); with `policy` (the deployment's), its
-        infra, cluster and buckets must be ones the policy allows.
+        A conf never names a path on the worker (task.conf_policy); what the deployment's policy allows is
+        checked by `check_policy`, on the task with its secrets' values.
 
         In a run conf, `secrets` lists the secrets' names and `owner` (the run id, or `<run id>-<n>` for a
         pipeline's n-th job) gives their Variables; a spec handed on by the spec task maps each name to its
@@ -126,12 +125,16 @@ class JobSpec:
             raise SpecError(f"{source}: uploads: must be the bucket URI of the run's uploaded files, or null")
         check_no_worker_paths(task, source)  # before the task is parsed: no question about worker paths
         spec = cls(dict(task), secrets, infra, cluster_name, down, uploads)
-        loaded = spec.load_task({name: "" for name in secrets})  # the task itself is valid
-        if policy is not None:
-            # The name the cluster gets (provision sanitizes it): what the patterns must match.
-            cluster = sanitize_cluster_name(cluster_name) if cluster_name is not None else None
-            check_run_conf(policy, loaded, infra, cluster, uploads, source)
+        spec.load_task({name: "" for name in secrets})  # the task itself is valid
         return spec
+
+    def check_policy(self, policy: ConfPolicy, task: Task, source: str = "the run conf") -> None:
+        """Refuse (SpecError naming the field) an infra, cluster or bucket the deployment's `policy` does not
+        allow. `task`: this spec's task with its secrets' values (load_task), as its nodes will get it: a
+        bucket URI may hold a secret (`s3://team${SUFFIX}`), and the policy judges what is mounted."""
+        # The name the cluster gets (provision sanitizes it): what the patterns must match.
+        cluster = sanitize_cluster_name(self.cluster_name) if self.cluster_name is not None else None
+        check_run_conf(policy, task, self.infra, cluster, self.uploads, source)
 
     def to_run_conf(self) -> dict[str, Any]:
         """The run conf's form: the secrets' names only (their Variables follow from the run id); `uploads`

@@ -48,7 +48,10 @@ class SkyJobSpecOperator(BaseOperator):
             raise AirflowSkipException(f"the run has {len(confs)} job(s); slot {self.index + 1} is not used")
         source = "the run conf" if len(confs) == 1 else f"the run conf: jobs[{self.index}]"
         owner = job_owner(context["run_id"], self.index, len(confs))
-        spec = JobSpec.from_conf(confs[self.index], source=source, owner=owner, policy=deployment_policy())
+        spec = JobSpec.from_conf(confs[self.index], source=source, owner=owner)
+        task = spec.load_task(read_secrets(spec))
+        # Before anything is provisioned, and on the conf's own cluster name (a run's own is always fine).
+        spec.check_policy(deployment_policy(), task, source)
         if len(confs) > 1 and spec.cluster_name is None:
             # A pipeline's jobs run one after the other, each on a cluster of its own (as in SkyPilot).
             name = default_cluster_name(self.dag_id, context["run_id"], f"job{self.index + 1}")
@@ -56,7 +59,6 @@ class SkyJobSpecOperator(BaseOperator):
         if spec.uploads is not None:
             # A prefix this deployment could not remove at the end is refused before any node exists.
             checked_uploads_uri(spec.uploads, jobs_bucket_setting(), context["run_id"], f"{source}: uploads")
-        task = spec.load_task(read_secrets(spec))
         self.log.info(
             "Job %s: %d node(s) on %s, cluster %s (%s)",
             task.name or "(unnamed)",

@@ -29,6 +29,13 @@ def _conf(task: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
     return {"task": task or {"run": "true"}, "secrets": [], **fields}
 
 
+def _checked(conf: dict[str, Any], policy: ConfPolicy, secrets: dict[str, str] | None = None) -> JobSpec:
+    """What the spec task does: the conf checked, its task loaded with the secrets' values, the policy."""
+    spec = JobSpec.from_conf(conf, owner="r")
+    spec.check_policy(policy, spec.load_task(secrets or {}))
+    return spec
+
+
 @pytest.mark.parametrize("infra", ["aws", "aws/us-east-1", "gcp/us-central1", "ssh/gpu-pool"])
 def test_by_default_every_infra_but_local_is_allowed(infra):
     assert infra_allowed(DEFAULT, infra)
@@ -118,9 +125,9 @@ def test_a_bad_bucket_setting_is_one_line_naming_it():
 )
 def test_every_path_on_the_worker_is_found_and_from_conf_refuses_it_whatever_the_policy(task, field):
     assert [f.split(" ")[0] for f in worker_paths(task)] == [field]
-    for policy in (None, DEFAULT, _policy(managed_infras="*, local")):
-        with pytest.raises(SpecError, match=rf"^the run conf: task\.{field}\b.*path on the Airflow worker"):
-            JobSpec.from_conf(_conf({**task, "run": "true"}), owner="run-1", policy=policy)
+    # Refused while the conf is read, before any policy is asked.
+    with pytest.raises(SpecError, match=rf"^the run conf: task\.{field}\b.*path on the Airflow worker"):
+        JobSpec.from_conf(_conf({**task, "run": "true"}), owner="run-1")
 
 
 @pytest.mark.parametrize(
@@ -138,13 +145,10 @@ def test_remote_sources_are_no_worker_paths(task):
     assert worker_paths(task) == []
 
 
-def test_from_conf_applies_the_policy_to_infra_resources_cluster_and_buckets():
+def test_the_policy_judges_the_infra_the_resources_the_cluster_and_the_buckets():
     policy = _policy(managed_infras="aws", managed_cluster_names="team-a-*", managed_buckets="s3://team-a")
     ok = _conf({"run": "true", "file_mounts": {"/d": "s3://team-a/x"}}, infra="aws/us-east-1")
-    assert (
-        JobSpec.from_conf({**ok, "cluster_name": "team-a-1"}, owner="r", policy=policy).infra
-        == "aws/us-east-1"
-    )
+    assert _checked({**ok, "cluster_name": "team-a-1"}, policy).infra == "aws/us-east-1"
     refusals = [
         (_conf(infra="local"), r"infra: local is not allowed here; allowed: aws \(\[sky\] managed_infras"),
         ({**ok, "infra": "gcp"}, r"infra: gcp is not allowed here"),
@@ -165,12 +169,12 @@ def test_from_conf_applies_the_policy_to_infra_resources_cluster_and_buckets():
     ]
     for conf, message in refusals:
         with pytest.raises(SpecError, match=rf"^the run conf: {message}"):
-            JobSpec.from_conf(conf, owner="r", policy=policy)
+            _checked(conf, policy)
 
 
 def test_the_default_policy_refuses_local_naming_the_setting_and_what_local_means():
     with pytest.raises(SpecError) as refused:
-        JobSpec.from_conf(_conf(), owner="r", policy=DEFAULT)  # infra: local, the conf's default
+        _checked(_conf(), DEFAULT)  # infra: local, the conf's default
     message = str(refused.value)
     assert "\n" not in message
     assert "infra: local is not allowed here; every infra but local is" in message
@@ -181,7 +185,7 @@ def test_a_conf_from_jobs_launch_passes_the_policy_it_was_launched_under():
     task = Task(name="t", num_nodes=2, run="echo hi", file_mounts={"/d": "s3://team-a/d"})
     conf = JobSpec(task=task.to_dict(), secrets={}, infra="aws", cluster_name="team-a-x").to_run_conf()
     policy = _policy(managed_infras="aws", managed_cluster_names="team-a-*", managed_buckets="s3://team-a")
-    assert JobSpec.from_conf(conf, owner="r", policy=policy).cluster_name == "team-a-x"
+    assert _checked(conf, policy).cluster_name == "team-a-x"
 
 
 def test_a_conf_mounting_another_runs_uploads_is_refused_even_without_an_allow_list():
@@ -191,9 +195,18 @@ def test_a_conf_mounting_another_runs_uploads_is_refused_even_without_an_allow_l
     with pytest.raises(
         SpecError, match=r"file_mounts\.~/x: bucket s3://sky-jobs/uploads/run-2/workdir .* its own only"
     ):
-        JobSpec.from_conf(_conf(task, infra="aws", uploads=mine), owner="run-1", policy=policy)
+        _checked(_conf(task, infra="aws", uploads=mine), policy)
     task["file_mounts"] = {"~/x": f"{mine}/workdir"}
-    assert (
-        JobSpec.from_conf(_conf(task, infra="aws", uploads=mine), owner="run-1", policy=policy).uploads
-        == mine
-    )
+    assert _checked(_conf(task, infra="aws", uploads=mine), policy).uploads == mine
+
+
+def test_buckets_are_judged_with_the_secrets_values_the_nodes_will_mount():
+    # A conf from `jobs launch` carries a secret as ${NAME}; with it empty the URI would look allowed.
+    policy = _policy(managed_infras="aws", managed_buckets="s3://team-a")
+    conf = {**_conf({"run": "true", "file_mounts": {"/d": "s3://team-a${SUFFIX}"}}, infra="aws")}
+    conf["secrets"] = ["SUFFIX"]
+    assert _checked(conf, policy, {"SUFFIX": "/data"}).infra == "aws"
+    with pytest.raises(
+        SpecError, match=r"task\.file_mounts\./d: bucket s3://team-a-other is not allowed here"
+    ):
+        _checked(conf, policy, {"SUFFIX": "-other"})
