@@ -103,13 +103,12 @@ class ClusterJobs:
         phase: Phase = "setup" if state.status is JobStatus.SETTING_UP else "run"
         generation = state.generation if phase == "run" else 0
         key = js.phase_key(phase, generation)
-        if state.watcher(key, time.time()) is not None:
-            return state
         try:
-            state, _ = self.states.update(
-                state.job_id, lambda s: js.take_watch(s, key, self.owner, time.time())
-            )
-            if state.watcher(key, time.time()) != self.owner:
+            stale = self._lapsed_watch(state.job_id, key)
+            if state.watcher(key) is not None and stale is None:
+                return state
+            state, _ = self.states.update(state.job_id, lambda s: js.take_watch(s, key, self.owner, stale))
+            if state.watcher(key) != self.owner:
                 return state
             nodes = [n for n in job_nodes_of(state) if n.rank in self.phase_ranks(state, phase)]
             watcher = PhaseWatcher(self.cluster, self.states, state.job_id, phase, generation, nodes)
@@ -121,6 +120,18 @@ class ClusterJobs:
         except RemoteError:
             pass  # the status stays as recorded
         return state
+
+    def _lapsed_watch(self, job_id: int, key: str) -> tuple[str, int] | None:
+        """The watch on `key` when its holder is gone: a holder renews every few seconds, so a job record not
+        written for WATCH_LEASE_S (on the state store's own clock; this one-shot reader has no time to watch
+        the counter stand still) has none alive. None when the watch is free or may be held."""
+        record = self.states.store.get(self.states.key(job_id))
+        if record is None or record.written_at is None:
+            return None
+        current = js.JobState.from_dict(record.data).watchers.get(key)
+        if current is None or self.states.store.now() - record.written_at < js.WATCH_LEASE_S:
+            return None
+        return current
 
     # ---- cancel ----------------------------------------------------------------------------------------
 

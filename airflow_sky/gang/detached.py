@@ -19,6 +19,7 @@ from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.gang.phases import job_states, start_rank
 from airflow_sky.gang.relaunch import current_handle
+from airflow_sky.gang.watch_lease import WatchHold
 from airflow_sky.gang.watcher import PhaseWatcher
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.task import Task
@@ -68,9 +69,10 @@ def drive(
 
 def _watch(states: js.JobStates, watcher: PhaseWatcher, owner: str, poll_interval_s: float) -> str:
     """Hold the phase's watch until it has a verdict (a follow task left running may hold it meanwhile)."""
+    hold = WatchHold(states, watcher.job_id, watcher.key, owner)
     while True:
-        state, _ = states.update(watcher.job_id, lambda s: js.take_watch(s, watcher.key, owner, time.time()))
-        if state.watcher(watcher.key, time.time()) == owner:
+        state, held = hold.hold(states.require(watcher.job_id))
+        if held:
             state = watcher.round(state)
         phase = state.phase(watcher.phase, watcher.generation)
         if phase.verdict == "SUCCEEDED" or (phase.verdict == "FAILED" and phase.killed):

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase
+from airflow_sky.gang.watch_lease import WatchHold
 from airflow_sky.gang.watcher import PhaseWatcher, Triage, fail_always
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
@@ -91,6 +92,7 @@ class RankFollower:
         self.watcher = PhaseWatcher(
             cluster, states, job_id, phase, generation, nodes, triage, log=log or emit
         )
+        self._watch = WatchHold(states, job_id, self.watcher.key, owner)
         self.behind = False  # more of the own log to read than one poll returned
         self.state: js.JobState | None = None
         self._next_state_read = 0.0
@@ -106,7 +108,7 @@ class RankFollower:
     @property
     def holds_watch(self) -> bool:
         """Whether this follower held the phase's watch lease at its last state read (it acts for them all)."""
-        return self.state is not None and self.state.watcher(self.watcher.key, time.time()) == self.owner
+        return self.state is not None and self.state.watcher(self.watcher.key) == self.owner
 
     def close(self) -> None:
         self.watcher.close()
@@ -146,10 +148,8 @@ class RankFollower:
         step = self._judge(state)
         if step is not None or not self.watch:
             return step
-        state, _ = self.states.update(
-            self.job_id, lambda s: js.take_watch(s, self.watcher.key, self.owner, time.time())
-        )
-        if state.watcher(self.watcher.key, time.time()) == self.owner:
+        state, held = self._watch.hold(state)
+        if held:
             state = self.watcher.round(state)
             self.state = state
             return self._judge(state)

@@ -13,7 +13,8 @@ follower reads the winner's decision.
                 token and its renewal counter
     fences      the last fencing token issued: each taking of a relaunch's lead gets the next one
     phases      per "<phase>-<generation>": exit codes seen, verdict (SUCCEEDED / FAILED + cause), killed
-    watchers    per "<phase>-<generation>": the lease of the one process that probes every rank
+    watchers    per "<phase>-<generation>": the lease of the one process that probes every rank (its holder
+                and a renewal counter, judged by the others on their own clocks: gang.watch_lease)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from airflow_sky.gang.job import JobStatus, Phase
 from airflow_sky.gang.recovery import Action, Decision
 from airflow_sky.infra.state_store import StateStore, Versioned
 
-WATCH_LEASE_S = 15.0  # a watcher that has not renewed for this long is replaced by any follower
+WATCH_LEASE_S = 15.0  # a watcher whose renewals stood still this long (the observer's clock) is replaced
 # A relaunch leader whose renewal counter has not moved for this long, on the observing follower's own
 # monotonic clock, is taken over (no time written by one machine is compared with another's clock).
 LEADER_LEASE_S = 45.0
@@ -117,7 +118,7 @@ class JobState:
     restarts: int = 0
     relaunch: Relaunch | None = None
     phases: dict[str, PhaseState] = dataclasses.field(default_factory=dict)
-    watchers: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)  # key -> (owner, until)
+    watchers: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)  # key -> (owner, renewals)
     history: tuple[dict[str, Any], ...] = ()  # one entry per relaunch
     cancelled: bool = False
     fences: int = 0  # the last fencing token issued (monotonic over the job's life)
@@ -136,10 +137,10 @@ class JobState:
     def setup_generation(self, rank: int) -> int:
         return self.setup_generations.get(rank, 0)
 
-    def watcher(self, key: str, now: float) -> str | None:
-        """The owner of the live lease on `key`, or None."""
-        owner, until = self.watchers.get(key, ("", 0.0))
-        return owner if owner and until > now else None
+    def watcher(self, key: str) -> str | None:
+        """Who holds the watch on `key` (alive or not: see gang.watch_lease), or None."""
+        owner = self.watchers.get(key, ("", 0))[0]
+        return owner or None
 
     def to_record(self) -> dict[str, Any]:
         """The `airflow-sky queue` view: flat fields, as SkyPilot's job table has them."""
@@ -193,7 +194,7 @@ class JobState:
             restarts=int(data.get("restarts", 0)),
             relaunch=Relaunch.from_dict(data["relaunch"]) if data.get("relaunch") else None,
             phases={k: PhaseState.from_dict(v) for k, v in (data.get("phases") or {}).items()},
-            watchers={k: (str(v[0]), float(v[1])) for k, v in (data.get("watchers") or {}).items()},
+            watchers={k: (str(v[0]), int(v[1])) for k, v in (data.get("watchers") or {}).items()},
             history=tuple(data.get("history") or ()),
             cancelled=bool(data.get("cancelled")),
             fences=int(data.get("fences") or 0),
@@ -381,20 +382,19 @@ def relaunched(
     )
 
 
-def take_watch(state: JobState, key: str, owner: str, now: float, lease_s: float | None = None) -> JobState:
-    """Hold (or renew) the lease on watching phase `key`; a live lease of another owner is kept."""
-    lease_s = WATCH_LEASE_S if lease_s is None else lease_s
-    current = state.watcher(key, now)
-    if current not in (None, owner):
+def take_watch(state: JobState, key: str, owner: str, stale: tuple[str, int] | None = None) -> JobState:
+    """Hold (or renew: the counter moves) the watch on phase `key`: when nobody holds it, `owner` does, or
+    `stale` is the very lease (holder, renewals) the caller watched stand still for WATCH_LEASE_S on its own
+    clock. How often a holder renews is its own business (gang.watch_lease.WatchHold)."""
+    current = state.watchers.get(key)
+    if current is not None and current[0] not in ("", owner) and current != stale:
         raise Unchanged
-    _, until = state.watchers.get(key, ("", 0.0))
-    if current == owner and until - now > lease_s / 2:
-        raise Unchanged  # renewed recently enough: no write
-    return dataclasses.replace(state, watchers={**state.watchers, key: (owner, now + lease_s)})
+    renewals = current[1] + 1 if current is not None else 1
+    return dataclasses.replace(state, watchers={**state.watchers, key: (owner, renewals)})
 
 
 def drop_watch(state: JobState, key: str, owner: str) -> JobState:
-    if state.watchers.get(key, ("", 0.0))[0] != owner:
+    if state.watchers.get(key, ("", 0))[0] != owner:
         raise Unchanged
     watchers = dict(state.watchers)
     del watchers[key]
@@ -428,11 +428,12 @@ class JobStates:
         self.clock = clock
 
     @staticmethod
-    def _key(job_id: int) -> str:
+    def key(job_id: int) -> str:
+        """The store key of job `job_id`'s record."""
         return f"jobs/{int(job_id)}"
 
     def get(self, job_id: int) -> JobState | None:
-        record = self.store.get(self._key(job_id))
+        record = self.store.get(self.key(job_id))
         return JobState.from_dict(record.data) if record else None
 
     def require(self, job_id: int) -> JobState:
@@ -448,7 +449,7 @@ class JobStates:
 
     def update(self, job_id: int, change: Callable[[JobState], JobState]) -> tuple[JobState, bool]:
         """Apply `change` by compare-and-swap; returns (the state now, whether this call changed it)."""
-        key = self._key(job_id)
+        key = self.key(job_id)
         for _ in range(200):
             record = self.store.get(key)
             if record is None:
@@ -470,7 +471,7 @@ class JobStates:
     def stamped(self) -> list[tuple[JobState, float | None]]:
         """Every job, oldest first, with when its record was last written (on the store's clock)."""
         ids = sorted(int(key.rsplit("/", 1)[1]) for key in self.store.keys("jobs"))
-        records = [(i, self.store.get(self._key(i))) for i in ids]
+        records = [(i, self.store.get(self.key(i))) for i in ids]
         return [(JobState.from_dict(r.data), r.written_at) for _, r in records if r is not None]
 
     def allocate(self, submit_key: str, info: dict[str, Any]) -> tuple[JobState, bool]:
@@ -505,7 +506,7 @@ class JobStates:
 
     def _create(self, job_id: int, info: dict[str, Any]) -> JobState:
         state = JobState(job_id=job_id, info=dict(info))
-        written = self.store.put(self._key(job_id), state.to_dict(), None)
+        written = self.store.put(self.key(job_id), state.to_dict(), None)
         if written is None:
             return self.require(job_id)
         return state

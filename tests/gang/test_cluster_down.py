@@ -39,7 +39,7 @@ def _alive(states: js.JobStates, job_id: int, every_s: float = 0.2) -> Iterator[
 
     def renew() -> None:
         while not stop.wait(every_s):
-            states.update(job_id, lambda s: js.take_watch(s, "run-0", "watcher", time.time(), lease_s=0.0))
+            states.update(job_id, lambda s: js.take_watch(s, "run-0", "watcher"))
 
     thread = threading.Thread(target=renew, daemon=True)
     thread.start()

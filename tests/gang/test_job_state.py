@@ -10,6 +10,7 @@ import pytest
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobStatus
 from airflow_sky.gang.recovery import Action, Decision, RecoveryState, decide
+from airflow_sky.gang.watch_lease import WatchHold
 from airflow_sky.infra.local.state_store import LocalStateStore
 from airflow_sky.task import JobRecovery
 
@@ -138,15 +139,38 @@ def test_a_finished_job_cannot_be_cancelled():
 
 
 def test_one_watcher_per_phase_whose_lease_lapses_to_another_follower():
-    state = js.take_watch(running(), "run-0", "a", now=0.0)
-    assert state.watcher("run-0", now=1.0) == "a"
-    with pytest.raises(js.Unchanged):
-        js.take_watch(state, "run-0", "b", now=1.0)
-    with pytest.raises(js.Unchanged):  # renewing a fresh lease writes nothing
-        js.take_watch(state, "run-0", "a", now=1.0)
-    taken = js.take_watch(state, "run-0", "b", now=js.WATCH_LEASE_S + 1)
-    assert taken.watcher("run-0", now=js.WATCH_LEASE_S + 2) == "b"
-    assert js.drop_watch(taken, "run-0", "b").watcher("run-0", now=0.0) is None
+    state = js.take_watch(running(), "run-0", "a")
+    assert state.watcher("run-0") == "a" and state.watchers["run-0"] == ("a", 1)
+    with pytest.raises(js.Unchanged):  # b has not watched a's lease stand still
+        js.take_watch(state, "run-0", "b")
+    renewed = js.take_watch(state, "run-0", "a")
+    assert renewed.watchers["run-0"] == ("a", 2)
+    with pytest.raises(js.Unchanged):  # b watched the lease as it was before a renewed it
+        js.take_watch(renewed, "run-0", "b", stale=("a", 1))
+    taken = js.take_watch(renewed, "run-0", "b", stale=("a", 2))
+    assert taken.watcher("run-0") == "b"
+    assert js.drop_watch(taken, "run-0", "b").watcher("run-0") is None
+
+
+def test_a_watch_lease_lapses_on_the_observers_own_clock_only(tmp_path: Path):
+    """WatchHold with mock clocks (a test of the rule: the two processes' clocks are a day apart)."""
+    states = js.JobStates(LocalStateStore(tmp_path))
+    state, _ = states.allocate("k", {"name": "x"})
+    a_clock, b_clock = [86400.0], [0.0]
+    a = WatchHold(states, state.job_id, "run-0", "a", lease_s=15.0, clock=lambda: a_clock[0])
+    b = WatchHold(states, state.job_id, "run-0", "b", lease_s=15.0, clock=lambda: b_clock[0])
+    assert a.hold(states.require(state.job_id))[1]
+    for _ in range(10):  # a renews every 5 s of its clock; b looks every 5 s of its own: never lapsed
+        a_clock[0] += 5.0
+        b_clock[0] += 5.0
+        assert a.hold(states.require(state.job_id))[1]
+        assert not b.hold(states.require(state.job_id))[1]
+    b_clock[0] += 10.0  # a stopped renewing (paused): after 15 s of b's clock, b takes over
+    assert not b.hold(states.require(state.job_id))[1]
+    b_clock[0] += 5.0
+    assert b.hold(states.require(state.job_id))[1]
+    a_clock[0] += 100.0
+    assert not a.hold(states.require(state.job_id))[1]  # a, resumed, finds b holding it: it stops
 
 
 def test_status_only_moves_forward():
@@ -159,7 +183,7 @@ def test_status_only_moves_forward():
 
 def test_the_state_round_trips_through_json():
     led = js.lead_relaunch(js.claim_relaunch(running(), 0, RECOVER, now=0.0), "a")
-    state = js.take_watch(js.record_exits(led, "run", 0, {1: 137}), "run-0", "a", now=0.0)
+    state = js.take_watch(js.record_exits(led, "run", 0, {1: 137}), "run-0", "a")
     assert js.JobState.from_dict(state.to_dict()) == state
 
 
