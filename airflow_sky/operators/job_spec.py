@@ -26,7 +26,7 @@ from typing import Any
 from airflow_sky.errors import SpecError
 from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.task import Task, is_bucket_uri
-from airflow_sky.task.conf_policy import ConfPolicy, check_no_worker_paths, check_run_conf
+from airflow_sky.task.conf_policy import ConfPolicy, check_no_worker_paths, check_run_conf, secret_references
 from airflow_sky.task.diagnostics import known_fields
 
 SECRET_VARIABLE_PREFIX = "airflow_sky_secret__"  # "secret" in the name: Airflow masks the value everywhere
@@ -123,9 +123,13 @@ class JobSpec:
         uploads = conf.get("uploads")
         if uploads is not None and not (isinstance(uploads, str) and is_bucket_uri(uploads)):
             raise SpecError(f"{source}: uploads: must be the bucket URI of the run's uploaded files, or null")
-        check_no_worker_paths(task, source)  # before the task is parsed: no question about worker paths
+        # Before the task is parsed: no question about worker paths.
+        check_no_worker_paths(task, source, secrets)
         spec = cls(dict(task), secrets, infra, cluster_name, down, uploads)
-        spec.load_task({name: "" for name in secrets})  # the task itself is valid
+        if not (secret_references(task, secrets) & _strings(task.get("workdir"), task.get("file_mounts"))):
+            # The task itself is valid. (One whose workdir or a source is a whole secret is checked once the
+            # run has the secrets' values: an empty value would make a valid task look broken.)
+            spec.load_task({name: "" for name in secrets})
         return spec
 
     def check_policy(self, policy: ConfPolicy, task: Task, source: str = "the run conf") -> None:
@@ -134,6 +138,8 @@ class JobSpec:
         bucket URI may hold a secret (`s3://team${SUFFIX}`), and the policy judges what is mounted."""
         # The name the cluster gets (provision sanitizes it): what the patterns must match.
         cluster = sanitize_cluster_name(self.cluster_name) if self.cluster_name is not None else None
+        # What a whole secret reference stood for is known now: a secret's value is no way to a worker path.
+        check_no_worker_paths(task.to_dict(), source)
         check_run_conf(policy, task, self.infra, cluster, self.uploads, source)
 
     def to_run_conf(self) -> dict[str, Any]:
@@ -152,3 +158,16 @@ class JobSpec:
         mapping = dict(self.task)
         mapping["secrets"] = {**(mapping.get("secrets") or {}), **{k: secret_values[k] for k in self.secrets}}
         return Task.from_dict(mapping, source="the managed job's task")
+
+
+def _strings(*values: Any) -> set[str]:
+    """Every string in `values` (nested lists and mappings' values): what a whole secret reference may be."""
+    found: set[str] = set()
+    for value in values:
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, Mapping):
+            found |= _strings(*value.values())
+        elif isinstance(value, list):
+            found |= _strings(*value)
+    return found

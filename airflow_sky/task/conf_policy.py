@@ -85,18 +85,31 @@ def _allowed_bucket(setting: str, item: str) -> BucketMount:
 # ---- the rules ---------------------------------------------------------------------------------------
 
 
-def worker_paths(task: Mapping[str, Any]) -> list[str]:
+def secret_references(task: Mapping[str, Any], names: Iterable[str] = ()) -> set[str]:
+    """The strings that stand for a whole secret of `task` (`${NAME}`, `$NAME`): a run conf carries a secret
+    substituted into the workdir or a file_mounts source so (Task.to_dict(secret_references=True)), and what
+    it names is known only once the run reads the secret's value (`check_policy` judges it then)."""
+    secrets = task.get("secrets")
+    named = {name for name in secrets if isinstance(name, str)} if isinstance(secrets, Mapping) else set()
+    return {ref for name in named | set(names) for ref in (f"${{{name}}}", f"${name}")}
+
+
+def worker_paths(task: Mapping[str, Any], secret_names: Iterable[str] = ()) -> list[str]:
     """The fields of a run conf's task mapping (as written, before it is parsed) that name something on the
-    worker, as `field (value)`: a local workdir or git URL, local file_mounts sources, GIT_SSH_KEY_PATH."""
+    worker, as `field (value)`: a local workdir or git URL, local file_mounts sources, GIT_SSH_KEY_PATH.
+    A value that is a whole secret reference is left to the check of the task with its secrets' values."""
     found: list[str] = []
+    deferred = secret_references(task, secret_names)
     workdir = task.get("workdir")
-    if isinstance(workdir, str):
+    if isinstance(workdir, str) and workdir not in deferred:
         found.append(f"workdir ({workdir})")
-    elif isinstance(url := _mapping_get(workdir, "url"), str) and not _REMOTE_GIT_URL.match(url):
+    elif isinstance(url := _mapping_get(workdir, "url"), str) and not (
+        _REMOTE_GIT_URL.match(url) or url in deferred
+    ):
         found.append(f"workdir.url ({url})")
     mounts = task.get("file_mounts")
     for dst, src in mounts.items() if isinstance(mounts, Mapping) else ():
-        if isinstance(src, str) and not is_bucket_uri(src):
+        if isinstance(src, str) and not (is_bucket_uri(src) or src in deferred):
             found.append(f"file_mounts.{dst} ({src})")
         elif isinstance(src, Mapping):
             source = src.get("source")
@@ -114,9 +127,9 @@ def _mapping_get(value: object, key: str) -> object:
     return value.get(key) if isinstance(value, Mapping) else None
 
 
-def check_no_worker_paths(task: Mapping[str, Any], source: str) -> None:
+def check_no_worker_paths(task: Mapping[str, Any], source: str, secret_names: Iterable[str] = ()) -> None:
     """SpecError for the first field of `task` that names something on the worker."""
-    found = worker_paths(task)
+    found = worker_paths(task, secret_names)
     if found:
         raise SpecError(
             f"{source}: task.{found[0]}: names a path on the Airflow worker, which a run conf may never do; "

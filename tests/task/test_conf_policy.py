@@ -210,3 +210,20 @@ def test_buckets_are_judged_with_the_secrets_values_the_nodes_will_mount():
         SpecError, match=r"task\.file_mounts\./d: bucket s3://team-a-other is not allowed here"
     ):
         _checked(conf, policy, {"SUFFIX": "-other"})
+
+
+def test_a_whole_secret_as_a_source_is_judged_by_the_value_the_run_reads():
+    # `jobs launch` sends `/data: $BUCKET` (BUCKET a secret) as ${BUCKET}: nothing to judge until the run
+    # reads the secret's Variable, and a Variable holding a worker path is refused then.
+    policy = _policy(managed_infras="aws")
+    conf = _conf({"run": "true", "file_mounts": {"/data": "${BUCKET}"}, "workdir": {"url": "${REPO}"}}, infra="aws")
+    conf["secrets"] = ["BUCKET", "REPO"]
+    good = {"BUCKET": "s3://team-a/data", "REPO": "https://github.com/org/repo"}
+    assert _checked(conf, policy, good).infra == "aws"
+    with pytest.raises(SpecError, match=r"task\.file_mounts\./data \(.*path on the Airflow worker"):
+        _checked(conf, policy, {**good, "BUCKET": "~/.airflow_sky/keys/id"})
+    with pytest.raises(SpecError, match=r"task\.workdir\.url \(.*path on the Airflow worker"):
+        _checked(conf, policy, {**good, "REPO": "/home/airflow/repo"})
+    # A reference to something that is not a secret stays what it is: a path on the worker.
+    with pytest.raises(SpecError, match=r"task\.file_mounts\./data"):
+        JobSpec.from_conf({**conf, "secrets": ["REPO"]}, owner="r")
