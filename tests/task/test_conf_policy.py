@@ -216,7 +216,9 @@ def test_a_whole_secret_as_a_source_is_judged_by_the_value_the_run_reads():
     # `jobs launch` sends `/data: $BUCKET` (BUCKET a secret) as ${BUCKET}: nothing to judge until the run
     # reads the secret's Variable, and a Variable holding a worker path is refused then.
     policy = _policy(managed_infras="aws")
-    conf = _conf({"run": "true", "file_mounts": {"/data": "${BUCKET}"}, "workdir": {"url": "${REPO}"}}, infra="aws")
+    conf = _conf(
+        {"run": "true", "file_mounts": {"/data": "${BUCKET}"}, "workdir": {"url": "${REPO}"}}, infra="aws"
+    )
     conf["secrets"] = ["BUCKET", "REPO"]
     good = {"BUCKET": "s3://team-a/data", "REPO": "https://github.com/org/repo"}
     assert _checked(conf, policy, good).infra == "aws"
