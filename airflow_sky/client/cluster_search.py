@@ -11,12 +11,14 @@ on several infras, names what was asked and what could not be.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from airflow_sky.client import cluster_index
 from airflow_sky.errors import ClusterError
+from airflow_sky.task.diagnostics import did_you_mean
 
 SEARCH_TIMEOUT_S = 60.0  # an unreachable pool host or cloud endpoint is reported, not waited for
 _REASON_CHARS = 200
@@ -77,27 +79,41 @@ def _pool_names() -> tuple[list[str], str | None]:
 def has_cluster(infra: str, cluster_name: str) -> bool:
     """Whether `infra` has nodes of `cluster_name`; NotConfigured when it is not set up here."""
     from airflow_sky.errors import SpecError
-    from airflow_sky.infra.registry import get_cloud
+    from airflow_sky.infra.registry import default_conn_id, get_cloud
 
+    # A cloud set up through an Airflow connection (a pool file: none) is asked only when it has one; that
+    # is settled before its driver (and SDK: boto3, google) is imported.
+    conn_id = default_conn_id(infra)
+    if conn_id is not None:
+        _require_connection(conn_id)
     try:
         cloud = get_cloud(infra)
     except SpecError as e:  # the cloud's extra is not installed
         raise NotConfigured(str(e)) from e
-    conn_id = getattr(
-        cloud, "conn_id", None
-    )  # a cloud set up through an Airflow connection (a pool file: None)
-    if conn_id is not None:
-        _require_connection(conn_id)
     return bool(cloud.nodes(cluster_name))
 
 
 def _require_connection(conn_id: str) -> None:
+    from airflow_sky.client.connections import AskAirflow, defined_without_airflow
+
+    try:
+        if "airflow" in sys.modules:  # loaded already (a task, a launch): asking it costs nothing
+            raise AskAirflow("Airflow is loaded")
+        defined = defined_without_airflow(conn_id)
+    except AskAirflow:
+        defined = _airflow_has_connection(conn_id)
+    if not defined:
+        raise NotConfigured(f"no Airflow connection {conn_id!r}")
+
+
+def _airflow_has_connection(conn_id: str) -> bool:
     from airflow.sdk import BaseHook
 
     try:
         BaseHook.get_connection(conn_id)
-    except Exception as e:  # Airflow raises its own not-found types, which differ between contexts
-        raise NotConfigured(f"no Airflow connection {conn_id!r}") from e
+    except Exception:  # Airflow raises its own not-found types, which differ between contexts
+        return False
+    return True
 
 
 def search(
@@ -155,9 +171,17 @@ def _ask_all(
         return {i: answers.get(i, f"no answer within {timeout_s:.0f}s") for i in infras}
 
 
-def not_found_message(result: Search) -> str:
+def known_cluster_names() -> list[str]:
+    """The cluster names this machine knows without asking a cloud: its index and the local infra's."""
+    from airflow_sky.infra.registry import get_cloud
+
+    return sorted({*cluster_index.read_index(), *get_cloud("local").clusters()})
+
+
+def not_found_message(result: Search, known: Iterable[str] = ()) -> str:
+    """'cluster X not found (searched: ...)', a did-you-mean among `known` names, what was not searched."""
     searched = ", ".join(result.searched) or "nothing"
-    message = f"cluster {result.cluster_name!r} not found (searched: {searched})"
+    message = f"cluster {result.cluster_name!r} not found (searched: {searched}){did_you_mean(result.cluster_name, known)}"
     if result.not_searched:
         message += "; not searched: " + "; ".join(f"{i} ({why})" for i, why in result.not_searched)
     return message
@@ -182,4 +206,4 @@ def locate(cluster_name: str, already_searched: Sequence[str] = ()) -> str:
         return result.found[0]
     if result.found:
         raise AmbiguousCluster(ambiguous_message(result))
-    raise ClusterNotFound(not_found_message(result))
+    raise ClusterNotFound(not_found_message(result, known_cluster_names()))

@@ -26,7 +26,6 @@ from airflow_sky.gang.job import JobHandle, Phase, sanitize_cluster_name
 from airflow_sky.infra.home import sky_home
 from airflow_sky.task import Task
 from airflow_sky.task.redaction import task_redactor
-from airflow_sky.task.templating import keep_literal
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
 MIGRATE_TIMEOUT_S = 600  # a first migrate takes ~20 s
@@ -199,6 +198,8 @@ def dag_from_spec_file(spec_path: str) -> Any:
             tuple(options.pipeline_task_ids),
         )
     # A SkyPilot task as written: `{{ }}` in a script is the script's business, not a template.
+    from airflow_sky.task.templating import keep_literal  # (jinja2: only a launch needs it)
+
     task = keep_literal(Task.from_dict(spec["task"], base_dir=spec["base_dir"]))
     with DAG(spec["dag_id"], schedule=None, catchup=False, tags=["airflow-sky", "launch"]) as dag:
         sky_job(

@@ -111,9 +111,10 @@ def _existing(cluster_name: str) -> tuple[Cluster, list[Node]]:
 
 
 def _jobs(cluster_name: str, infra: str | None = None) -> ClusterJobs:
+    cluster = cluster_of(cluster_name, infra)  # an unknown name fails here, before the SSH layer loads
     from airflow_sky.gang.cluster_jobs import ClusterJobs
 
-    return ClusterJobs(cluster_of(cluster_name, infra))
+    return ClusterJobs(cluster)
 
 
 # ---- launch / exec ---------------------------------------------------------------------------------------
@@ -124,8 +125,12 @@ def run(
     options: LaunchOptions,
     listener: Callable[[Event], None] | None = None,
     task_file: str | None = None,
+    launch_command: str | None = None,
 ) -> JobOutcome:
-    """Run a launch/exec to its end (or to its start with options.follow=False); the CLI's engine call."""
+    """Run a launch/exec to its end (or to its start with options.follow=False); the CLI's engine call.
+
+    `launch_command`: for an exec whose cluster cannot take it, the launch to suggest (the CLI's, with
+    the flags the user gave); by default one of `task_file`."""
     from airflow_sky.client.engine_process import caller_runs_airflow, run_job_in_child
 
     in_child = caller_runs_airflow()  # an SDK call from inside Airflow (a task): never its DB or dags
@@ -135,7 +140,7 @@ def run(
         prepare_airflow()
     from airflow_sky.client.engine import run_job
 
-    _preflight(task, options, task_file or "TASK.yaml")
+    _preflight(task, options, task_file or "TASK.yaml", launch_command)
 
     def on_event(event: Event) -> None:
         if event.kind == "job":
@@ -156,7 +161,7 @@ def run(
     return outcome
 
 
-def _preflight(task: Task, options: LaunchOptions, task_file: str) -> None:
+def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_command: str | None) -> None:
     """Refuse what cannot work before any Airflow run starts: an unknown infra, an exec that cannot run."""
     from airflow_sky.gang.phases import check_exec_nodes
     from airflow_sky.infra.registry import get_cloud
@@ -164,8 +169,18 @@ def _preflight(task: Task, options: LaunchOptions, task_file: str) -> None:
     get_cloud(options.infra).check_config()
     cluster_of(options.cluster_name, options.infra).autostop_for(task.resources)  # an infra without autostop
     if options.must_exist:
+        from airflow_sky.client.cluster_search import known_cluster_names
+
         nodes = cluster_of(options.cluster_name, options.infra).nodes()
-        check_exec_nodes(options.cluster_name, options.infra, nodes, task.num_nodes, task_file)
+        check_exec_nodes(
+            options.cluster_name,
+            options.infra,
+            nodes,
+            task.num_nodes,
+            task_file,
+            launch_command=launch_command,
+            known_clusters=() if nodes else known_cluster_names(),
+        )
 
 
 def forget(cluster_name: str) -> None:

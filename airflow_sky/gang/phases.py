@@ -8,9 +8,10 @@ import concurrent.futures
 import dataclasses
 import json
 import math
+import shlex
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,7 @@ from airflow_sky.node.client import FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.git_workdir import resolve_commit
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import GitWorkdir, Task, envs
+from airflow_sky.task.diagnostics import did_you_mean
 from airflow_sky.task.redaction import redact_json
 
 # The largest return.json read into XCom: XComs are rows of the Airflow DB, not a file store.
@@ -65,26 +67,50 @@ def phase_env(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ran
     return env
 
 
-def check_exec_nodes(cluster_name: str, infra: str, nodes: list[Node], num_nodes: int, file: str) -> None:
+def check_exec_nodes(
+    cluster_name: str,
+    infra: str,
+    nodes: list[Node],
+    num_nodes: int,
+    file: str,
+    *,
+    launch_command: str | None = None,
+    known_clusters: Iterable[str] = (),
+) -> None:
     """`exec` runs without setup: every node it uses must already be up and set up (never grown or replaced).
 
-    Raises ClusterError saying how to fix it: a launch adds or replaces nodes and runs setup on them.
+    Raises ClusterError saying how to fix it: a stopped cluster is started (`airflow-sky start`, its disks
+    are set up already); otherwise a launch (`launch_command`, by default one of `file` alone) adds or
+    replaces nodes and runs setup on them. `known_clusters`: names for a did-you-mean when there is none.
     """
-    fix = f"run `airflow-sky launch -c {cluster_name} {file}`: it brings the cluster to size and runs setup"
+    command = launch_command or f"airflow-sky launch -c {shlex.quote(cluster_name)} {shlex.quote(file)}"
+    fix = f"run `{command}`: it brings the cluster to size and runs setup"
     if not nodes:
-        raise ClusterError(f"cluster {cluster_name!r} does not exist on {infra}; launch it first: {fix}")
+        raise ClusterError(
+            f"cluster {cluster_name!r} does not exist on {infra}; launch it first: {fix}"
+            f"{did_you_mean(cluster_name, known_clusters)}"
+        )
+    used = sorted(nodes, key=lambda n: n.rank)[:num_nodes]
+    down = [n for n in used if n.status is not NodeStatus.RUNNING]
     if len(nodes) < num_nodes:
         raise ClusterError(
             f"cluster {cluster_name!r} has {len(nodes)} node(s); the task needs {num_nodes}, and exec never "
             f"adds nodes (a new node would run the job without its setup); {fix}"
         )
-    down = [n for n in sorted(nodes, key=lambda n: n.rank)[:num_nodes] if n.status is not NodeStatus.RUNNING]
-    if down:
-        ranks = ", ".join(f"rank {n.rank} is {n.status.value}" for n in down)
+    if down and all(n.status in (NodeStatus.RUNNING, NodeStatus.STOPPED) for n in nodes):
         raise ClusterError(
-            f"cluster {cluster_name!r}: {ranks}; exec never replaces a node (the new one would run the job "
-            f"without its setup); {fix}"
+            f"cluster {cluster_name!r} is stopped ({_states(down)}); start it first, with its disks and "
+            f"setup as they were: airflow-sky start {shlex.quote(cluster_name)}; then run the exec again"
         )
+    if down:
+        raise ClusterError(
+            f"cluster {cluster_name!r}: {_states(down)}; exec never replaces a node (the new one would run "
+            f"the job without its setup); {fix}"
+        )
+
+
+def _states(nodes: list[Node]) -> str:
+    return ", ".join(f"rank {n.rank} is {n.status.value}" for n in nodes)
 
 
 def job_states(cluster: Cluster) -> js.JobStates:

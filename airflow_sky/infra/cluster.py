@@ -11,16 +11,24 @@ import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.autostop import NodeAutostop, arm_command, disarm_command
-from airflow_sky.node.client import NodeClient
 from airflow_sky.task import Resources
+
+if TYPE_CHECKING:  # paramiko is imported with the first connection: `airflow-sky status` opens none
+    from airflow_sky.node.client import NodeClient
 
 AUTOSTOP_CHECK_ENV = "AIRFLOW_SKY_AUTOSTOP_CHECK_S"  # how often a node's watcher looks (default 60 s)
 DEFAULT_AUTOSTOP_CHECK_S = 60.0
+
+
+def autostop_check_s() -> float:
+    """How often a node's autostop watcher looks (AIRFLOW_SKY_AUTOSTOP_CHECK_S, default 60 s)."""
+    return float(os.environ.get(AUTOSTOP_CHECK_ENV, DEFAULT_AUTOSTOP_CHECK_S))
 
 
 class Cluster:
@@ -108,7 +116,7 @@ class Cluster:
             idle_s=int(config["idle_minutes"]) * 60,
             action=self.cloud.autostop_action(self.name, bool(config["down"])),
             wait_for=str(config["wait_for"]),
-            check_s=float(os.environ.get(AUTOSTOP_CHECK_ENV, DEFAULT_AUTOSTOP_CHECK_S)),
+            check_s=autostop_check_s(),
         )
 
     def arm_autostop(self, nodes: Sequence[Node], resources: Resources | None) -> NodeAutostop | None:
@@ -155,6 +163,8 @@ class Cluster:
     def client(self, node: Node, conn_retry_attempts: int = 3) -> NodeClient:
         """A connection to `node`; a poller that retries on its own passes conn_retry_attempts=1, so a
         node that is gone is noticed at once instead of after the SSH hook's waits between attempts."""
+        from airflow_sky.node.client import NodeClient
+
         return NodeClient(node, self.key_file_for(node), conn_retry_attempts=conn_retry_attempts)
 
     @contextlib.contextmanager

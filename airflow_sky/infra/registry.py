@@ -21,6 +21,8 @@ _LOCATION_ARGUMENT = {"ssh": "pool", "aws": "location", "gcp": "location"}
 _LOCATION_REQUIRED = {"ssh"}
 # Infras that need no credentials, so take no Airflow connection.
 _NO_CONNECTION = {"local"}
+# Infras set up through an Airflow connection: the module naming its default id (light: no cloud SDK).
+_CONNECTION_SETTINGS = {"aws": "airflow_sky.infra.aws.settings", "gcp": "airflow_sky.infra.gcp.settings"}
 
 
 def supported_infras() -> list[str]:
@@ -35,6 +37,12 @@ def check_connection(infra: str, conn_id: str | None) -> None:
             f"conn_id: the {cloud_name} infra takes no Airflow connection (it needs no credentials), "
             f"got conn_id={conn_id!r}; leave conn_id out"
         )
+
+
+def default_conn_id(infra: str) -> str | None:
+    """The Airflow connection `infra`'s driver uses by default (`aws_default`, ...); None when it takes none."""
+    module = _CONNECTION_SETTINGS.get((infra or "local").split("/", 1)[0].lower())
+    return str(importlib.import_module(module).DEFAULT_CONN_ID) if module else None
 
 
 def get_cloud(infra: str, conn_id: str | None = None) -> Cloud:

@@ -42,6 +42,16 @@ class NodeAutostop:
     check_s: float = 60.0
 
 
+def floor_s(check_s: float) -> int:
+    """The shortest idle limit a watcher applies: two of its rounds (see above)."""
+    return math.ceil(2 * check_s)
+
+
+def limit_s(idle_s: int, check_s: float) -> int:
+    """The idle limit a watcher looking every `check_s` applies when asked for `idle_s`."""
+    return max(int(idle_s), floor_s(check_s))
+
+
 def watch_script() -> str:
     """The watcher loop (watch.sh); it reads its settings anew each round, so re-arming needs no restart."""
     return f"""\
@@ -88,7 +98,7 @@ printf '%s\\n' {shlex.quote(autostop.action)} > "$dir/action.tmp" && mv "$dir/ac
 echo {int(autostop.idle_s)} > "$dir/idle_s"
 echo {shlex.quote(autostop.wait_for)} > "$dir/wait_for"
 echo {float(autostop.check_s):g} > "$dir/check_s"
-echo {math.ceil(2 * autostop.check_s)} > "$dir/floor_s"
+echo {floor_s(autostop.check_s)} > "$dir/floor_s"
 touch "$dir/since" "$HOME/{ACTIVITY_PATH}"
 cat > "$dir/watch.sh" <<'AIRFLOW_SKY_WATCH'
 {watch_script()}AIRFLOW_SKY_WATCH

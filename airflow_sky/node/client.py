@@ -1,4 +1,4 @@
-"""One SSH connection to one node, through the SSH provider's SSHHook (paramiko), host key pinned."""
+"""One SSH connection to one node (paramiko), host key pinned."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import base64
 import contextlib
 import io
 import logging
+import os
 import random
 import select
 import shlex
@@ -19,13 +20,13 @@ from pathlib import Path
 from typing import IO, Any
 
 import paramiko
-from airflow.providers.ssh.hooks.ssh import SSHHook
 
 from airflow_sky.errors import RemoteError
 from airflow_sky.node.record import Node
 
 # paramiko logs every connect and SFTP session at INFO: noise in task logs and the CLI.
 logging.getLogger("paramiko").setLevel(logging.WARNING)
+_log = logging.getLogger(__name__)
 
 _HOST_KEY_TYPES: dict[str, type[paramiko.PKey]] = {
     "ssh-ed25519": paramiko.Ed25519Key,
@@ -34,6 +35,18 @@ _HOST_KEY_TYPES: dict[str, type[paramiko.PKey]] = {
     "ecdsa-sha2-nistp384": paramiko.ECDSAKey,
     "ecdsa-sha2-nistp521": paramiko.ECDSAKey,
 }
+
+
+def _proxy_command(host: str) -> str | None:
+    """The ProxyCommand the user's ~/.ssh/config gives `host`, read as the SSH provider reads it; or None."""
+    path = os.path.expanduser("~/.ssh/config")
+    if not os.path.isfile(path):
+        return None
+    config = paramiko.SSHConfig()
+    with open(path) as f:
+        config.parse(f)
+    command = config.lookup(host).get("proxycommand")
+    return str(command) if command else None
 
 
 def parse_host_key(host_key: str) -> paramiko.PKey:
@@ -57,29 +70,25 @@ _RETRY_WAIT_S = 3.0
 _RETRY_JITTER_S = 2.0
 
 
-class NodeSSHHook(SSHHook):
-    """SSHHook for a node whose address, user, key and host key come from the cluster record.
+class PinnedConnector:
+    """Opens SSH connections (paramiko) to one node whose address, user, key and host key come from its record.
 
     The host key learned at provision time is pinned (no trust-on-first-use), and TCP_NODELAY is set before
     the SSH handshake: paramiko leaves Nagle on, and the handshake's and every small exec's writes then wait
     on the node's delayed ACKs (~90 ms of a ~100 ms connect to a local node, ~40 ms per small exec).
+
+    Plain paramiko, as the SSH provider's SSHHook connects (a ProxyCommand from the user's ~/.ssh/config,
+    its banner timeout): this connect was always our own (the hook's reads known_hosts first, see
+    _connect_pinned), and subclassing the hook only imported Airflow, seconds of every `airflow-sky queue`
+    or `logs`, which never otherwise need it.
     """
+
+    banner_timeout = 30.0  # the SSH provider's defaults
+    keepalive_interval = 15
 
     def __init__(
         self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3
     ) -> None:
-        super().__init__(
-            remote_host=node.ssh_host,
-            username=node.ssh_user,
-            key_file=key_file,
-            port=node.ssh_port,
-            conn_timeout=conn_timeout,
-            keepalive_interval=15,
-            conn_retry_attempts=conn_retry_attempts,
-        )
-        self.node = node
-        self.look_for_keys = False
-        self.compress = False  # rsync compresses what needs it; zlib only slows small execs
         if not node.host_key:
             # Never trust on first use: a node's host key is learned when it is provisioned (the local
             # driver generates it, a cloud driver reads it from the instance's console or metadata).
@@ -88,43 +97,43 @@ class NodeSSHHook(SSHHook):
                 "record; airflow-sky learns a node's host key when it provisions the node and refuses "
                 "unpinned connections: provision the node again (airflow-sky launch) or add its host key"
             )
-        self.host_key = parse_host_key(node.host_key)  # type: ignore[assignment]
-        self.no_host_key_check = False
-        # The attempts are made here (get_conn), each over a socket of its own; the provider's loop makes one.
-        self.connect_attempts, self.conn_retry_attempts = self.conn_retry_attempts, 1
+        self.node = node
+        self.remote_host = node.ssh_host
+        self.port = node.ssh_port
+        self.username = node.ssh_user
+        self.key_file = key_file
+        self.conn_timeout = conn_timeout
+        self.connect_attempts = max(1, conn_retry_attempts)
+        self.host_key = parse_host_key(node.host_key)
+        self.host_proxy_cmd = _proxy_command(node.ssh_host)
 
     def get_conn(self) -> paramiko.SSHClient:
-        if self.client is not None and (transport := self.client.get_transport()) and transport.is_active():
-            return self.client
+        """A new connection, after up to `conn_retry_attempts` attempts (a node may still be booting)."""
         for attempt in range(1, self.connect_attempts + 1):
             try:
-                client = self._connect_pinned()
+                return self._connect_pinned()
             except HostKeyMismatch:
                 raise  # another machine answers at this address: trying again changes nothing
             except Exception as e:
                 if attempt == self.connect_attempts:
                     raise
-                self.log.info("Failed to connect (%s). Sleeping before retry attempt %d", e, attempt + 1)
+                _log.info("Failed to connect (%s). Sleeping before retry attempt %d", e, attempt + 1)
                 time.sleep(_RETRY_WAIT_S + random.uniform(0, _RETRY_JITTER_S))
-                continue
-            self.client = client
-            return client
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _connect_pinned(self) -> paramiko.SSHClient:
         """One connection that trusts the node's pinned host key and nothing else.
 
-        The provider's get_conn loads ~/.ssh/known_hosts (and the system's) before the pinned key, and
-        paramiko checks those first: a stale line for a recycled cloud IP or a reused loopback address would
-        fail a node whose key is exactly the pinned one. So the client is built here: no known_hosts file is
-        read, the pinned key is the only entry, and any other key is rejected (RejectPolicy).
+        No known_hosts file is read (the SSH provider's hook loads ~/.ssh/known_hosts first, where a stale
+        line for a recycled cloud IP or a reused loopback address would fail a node whose key is exactly the
+        pinned one): the pinned key is the only entry, and any other key is rejected (RejectPolicy).
 
         TCP_NODELAY is set before the handshake (over our own socket); a ProxyCommand from the user's
-        ~/.ssh/config (the provider reads it) gets a fresh process per attempt.
+        ~/.ssh/config gets a fresh process per attempt.
         """
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        pinned: paramiko.PKey = self.host_key  # type: ignore[assignment]
+        pinned = self.host_key
         client.get_host_keys().add(self.known_hosts_name, pinned.get_name(), pinned)
         sock: Any
         if self.host_proxy_cmd:
@@ -139,11 +148,10 @@ class NodeSSHHook(SSHHook):
                 username=self.username,
                 key_filename=self.key_file,
                 timeout=self.conn_timeout,
-                compress=self.compress,
+                compress=False,  # rsync compresses what needs it; zlib only slows small execs
                 sock=sock,
                 look_for_keys=False,
                 banner_timeout=self.banner_timeout,
-                auth_timeout=self.auth_timeout,
             )
         except paramiko.BadHostKeyException as e:
             client.close()
@@ -153,8 +161,7 @@ class NodeSSHHook(SSHHook):
             client.close()
             sock.close()
             raise
-        if self.keepalive_interval:
-            client.get_transport().set_keepalive(self.keepalive_interval)  # type: ignore[union-attr]
+        client.get_transport().set_keepalive(self.keepalive_interval)  # type: ignore[union-attr]
         return client
 
     @property
@@ -190,8 +197,8 @@ class _Connection:
     handshake when one task follows another. Counted: the last NodeClient to let go closes it.
     """
 
-    def __init__(self, hook: NodeSSHHook, node: Node) -> None:
-        self.hook = hook
+    def __init__(self, connector: PinnedConnector, node: Node) -> None:
+        self.connector = connector
         self.node = node
         self.users = 0
         self.lock = threading.Lock()
@@ -205,7 +212,7 @@ class _Connection:
             transport = self.client.get_transport() if self.client else None
             if self.client is None or transport is None or not transport.is_active():
                 try:
-                    self.client = self.hook.get_conn()
+                    self.client = self.connector.get_conn()
                 except HostKeyMismatch as e:
                     raise RemoteError(str(e)) from e
                 except (paramiko.SSHException, OSError, EOFError) as e:  # EOF: the node died mid-handshake
@@ -256,7 +263,7 @@ class NodeClient:
     ) -> None:
         self.node = node
         self.key_file = key_file
-        self._hook = NodeSSHHook(node, key_file, conn_timeout, conn_retry_attempts)
+        self._connector = PinnedConnector(node, key_file, conn_timeout, conn_retry_attempts)
         self._key = (node.ssh_host, node.ssh_port, node.ssh_user, node.host_key, node.instance_id, key_file)
         self._held: _Connection | None = None
         self._hold_lock = threading.Lock()
@@ -274,7 +281,7 @@ class NodeClient:
                 with _CONNECTIONS_LOCK:
                     connection = _CONNECTIONS.get(self._key)
                     if connection is None:
-                        connection = _CONNECTIONS[self._key] = _Connection(self._hook, self.node)
+                        connection = _CONNECTIONS[self._key] = _Connection(self._connector, self.node)
                     connection.users += 1
                 self._held = connection
             return self._held

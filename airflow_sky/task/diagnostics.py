@@ -61,9 +61,13 @@ def known_fields(
 def unknown_field_message(key: Any, allowed: Iterable[str]) -> str:
     """'unknown field; did you mean ...? (allowed: ...)', the did-you-mean found with difflib."""
     names = sorted(allowed)
-    close = difflib.get_close_matches(str(key), names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown field{hint} (allowed: {', '.join(names)})"
+    return f"unknown field{did_you_mean(str(key), names)} (allowed: {', '.join(names)})"
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" naming the known word closest to `word` (difflib), or "" when none is close."""
+    close = difflib.get_close_matches(word, sorted(set(known) - {word}), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """Launch-time env values (`--env K=V`, `--env-file F`) and `$VAR` substitution from the task's final envs.
 
-Precedence, as in SkyPilot: env-file > --env > the YAML's own `envs`/`secrets`. An override whose key is a
+Precedence, as in SkyPilot: `--env` > env-file > the YAML's own `envs`/`secrets`. An override whose key is a
 secret replaces the secret; any other key lands in `envs` (adding it when the YAML does not declare it).
 """
 
@@ -12,8 +12,6 @@ import re
 import string
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-from dotenv.parser import parse_stream
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task.schema import ENV_KEY_PATTERN
@@ -53,6 +51,8 @@ def read_env_file(path: str | os.PathLike[str]) -> dict[str, str]:
 
 def _bindings(text: str) -> list[tuple[int, str | None, str | None]]:
     """(line number, key, value) per assignment, parsed by python-dotenv; key None marks an unparsable line."""
+    from dotenv.parser import parse_stream  # here: only the commands given an env file need it
+
     found: list[tuple[int, str | None, str | None]] = []
     for binding in parse_stream(io.StringIO(text)):
         if binding.error or binding.key is not None:
@@ -63,8 +63,8 @@ def _bindings(text: str) -> list[tuple[int, str | None, str | None]]:
 def merge_overrides(
     env_overrides: Mapping[str, str] | None, env_file_values: Mapping[str, str] | None
 ) -> dict[str, str]:
-    """One mapping in precedence order: env-file values beat `--env` values."""
-    return {**(env_overrides or {}), **(env_file_values or {})}
+    """One mapping in precedence order: `--env` values beat env-file values (as `sky launch` merges them)."""
+    return {**(env_file_values or {}), **(env_overrides or {})}
 
 
 def apply_overrides(

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
-from typing import Any
-
-import jsonschema
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from airflow_sky.task.diagnostics import PathPart, SpecContext, show, unknown_field_message
+
+if TYPE_CHECKING:  # jsonschema is imported on the first validation: `airflow-sky status` needs none
+    from jsonschema.exceptions import ValidationError
 
 _TYPE_PHRASES = {
     "string": "a string",
@@ -22,13 +23,18 @@ _TYPE_PHRASES = {
 }
 
 
-# JSON Schema counts 2.0 as an integer; a task field that wants an int should get an int.
-_StrictValidator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)
-    ),
-)
+@functools.cache
+def _strict_validator() -> Any:
+    """JSON Schema counts 2.0 as an integer; a task field that wants an int should get an int."""
+    import jsonschema
+
+    return jsonschema.validators.extend(
+        jsonschema.Draft202012Validator,
+        type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+            "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)
+        ),
+    )
+
 
 # Schemas are module-level constants: compile each once, keyed by identity.
 _VALIDATORS: dict[int, Any] = {}
@@ -37,7 +43,7 @@ _VALIDATORS: dict[int, Any] = {}
 def _validator(schema: dict[str, Any]) -> Any:
     compiled = _VALIDATORS.get(id(schema))
     if compiled is None:
-        compiled = _VALIDATORS[id(schema)] = _StrictValidator(schema)
+        compiled = _VALIDATORS[id(schema)] = _strict_validator()(schema)
     return compiled
 
 

@@ -50,8 +50,16 @@ def test_idle_minutes_without_down_stops_the_nodes_and_the_next_launch_starts_th
     env = {**cli_env, "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "3"}
     first = _cli(env, "launch", "-c", "idle-stop", str(task), "-y", "-i", "0")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    # The limit printed is the one the watchers apply: two of their 3 s rounds, not the 0 asked for.
+    assert "its nodes stop themselves after 6 idle seconds (-i 0 is raised to the shortest" in first.stdout
     _wait_for_statuses("idle-stop", [NodeStatus.STOPPED, NodeStatus.STOPPED])
     assert "STOPPED" in _cli(env, "status", "idle-stop").stdout
+    # An exec on the stopped cluster is pointed at `start` (its nodes keep their setup), not at a launch.
+    refused = _cli(env, "exec", "idle-stop", str(task))
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    error = next(line for line in refused.stderr.splitlines() if line.startswith("airflow-sky: error:"))
+    assert "cluster 'idle-stop' is stopped" in error
+    assert "airflow-sky start idle-stop" in error and "launch" not in error
     second = _cli(env, "launch", "-c", "idle-stop", str(task), "-y", "--down")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "Reusing" in second.stdout or second.stdout.count("hi there") == 2

@@ -277,7 +277,7 @@ def test_down_stop_autostop_accept_sky_flags(monkeypatch, capsys):
         ("autostop", None, False),
     ]
     out = capsys.readouterr().out
-    assert "Cluster a terminated." in out and "its nodes end themselves after 10 idle minute(s)" in out
+    assert "Cluster a terminated." in out and "its nodes end themselves after 10 idle minutes" in out
     # On a terminal, down asks first (as sky does); anything but y/yes keeps the cluster.
     monkeypatch.setattr("sys.stdin", SimpleNamespace(isatty=lambda: True))
     questions: list[str] = []

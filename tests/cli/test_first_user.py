@@ -238,7 +238,7 @@ def test_a_recovery_is_shown_live_with_every_rank_of_the_new_generation(
 def test_autostop_then_stop_start_and_down_yes(cli_env: dict[str, str], kept: str) -> None:  # noqa: F811
     armed = _cli(cli_env, "autostop", kept, "-i", "60")
     assert armed.returncode == 0, armed.stdout + armed.stderr
-    assert "stop themselves after 60 idle minute(s)" in armed.stdout
+    assert "stop themselves after 60 idle minutes" in armed.stdout
     cancelled = _cli(cli_env, "autostop", kept, "--cancel")
     assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled.stderr
     stopped = _cli(cli_env, "stop", kept, "-y")

@@ -35,3 +35,29 @@ def test_exec_on_a_cluster_with_a_lost_node_is_refused_naming_the_rank():
 def test_exec_on_no_cluster_is_refused():
     with pytest.raises(ClusterError, match="does not exist on local"):
         check_exec_nodes("c", "local", [], 1, "t.yaml")
+
+
+def test_exec_on_a_stopped_cluster_suggests_start_not_a_launch_that_reruns_setup():
+    with pytest.raises(ClusterError) as stopped:
+        check_exec_nodes("c", "local", _nodes(NodeStatus.STOPPED, NodeStatus.STOPPED), 2, "t.yaml")
+    assert "is stopped (rank 0 is STOPPED, rank 1 is STOPPED)" in str(stopped.value)
+    assert "airflow-sky start c;" in str(stopped.value)
+    assert "launch" not in str(stopped.value)
+
+
+def test_the_suggested_launch_is_the_one_given_with_all_its_flags():
+    launch = "airflow-sky launch -c c t.yaml --num-nodes 3 --env 'A=b c'"
+    with pytest.raises(ClusterError) as missing:
+        check_exec_nodes("c", "local", [], 3, "t.yaml", launch_command=launch)
+    assert f"run `{launch}`" in str(missing.value)
+    with pytest.raises(ClusterError) as small:
+        check_exec_nodes("c", "local", _nodes(NodeStatus.STOPPED), 3, "t.yaml", launch_command=launch)
+    assert f"run `{launch}`" in str(small.value)  # too small: a launch grows it (and starts the stopped)
+
+
+def test_exec_on_no_cluster_names_the_closest_known_cluster():
+    with pytest.raises(ClusterError) as missing:
+        check_exec_nodes("trian", "local", [], 1, "t.yaml", known_clusters=["train", "dev"])
+    message = str(missing.value)
+    assert message.startswith("cluster 'trian' does not exist on local; launch it first")
+    assert message.endswith("runs setup; did you mean 'train'?")

@@ -48,7 +48,9 @@ def test_check_bad_env_argument_exits_2_naming_env(run_cli: RunCli) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_check_applies_env_and_env_file_with_file_winning(run_cli: RunCli, tmp_path: Path) -> None:
+def test_check_applies_env_and_env_file_with_the_command_line_winning(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
     task = tmp_path / "task.yaml"
     task.write_text("envs:\n  A: null\n  B: yaml\nsecrets:\n  TOKEN: null\nrun: echo $A\n")
     env_file = tmp_path / "launch.env"
@@ -56,7 +58,7 @@ def test_check_applies_env_and_env_file_with_file_winning(run_cli: RunCli, tmp_p
     result = run_cli("check", str(task), "--env", "A=arg", "--env", "B=arg", "--env-file", str(env_file))
     assert result.returncode == 0, result.stderr
     data = yaml.safe_load(result.stdout)
-    assert data["envs"] == {"A": "arg", "B": "file"}
+    assert data["envs"] == {"A": "arg", "B": "arg"}
     assert data["secrets"] == {"TOKEN": "<redacted>"}
     assert "t0ps3cret" not in result.stdout
     shown = run_cli("check", str(task), "--env", "A=x", "--env-file", str(env_file), "--show-secrets")

@@ -207,7 +207,7 @@ def test_null_env_without_override_names_the_field_and_the_fix() -> None:
     )
 
 
-def test_env_precedence_is_env_file_over_env_args_over_yaml(tmp_path: Path) -> None:
+def test_env_precedence_is_env_args_over_env_file_over_yaml_as_in_skypilot(tmp_path: Path) -> None:
     env_file = tmp_path / "launch.env"
     env_file.write_text("FROM_FILE=file\nBOTH=file\n")
     text = "envs:\n  FROM_YAML: yaml\n  BOTH: yaml\n  FROM_ARG: yaml\n  FROM_FILE: yaml\n"
@@ -216,7 +216,7 @@ def test_env_precedence_is_env_file_over_env_args_over_yaml(tmp_path: Path) -> N
     )
     assert task.envs == {
         "FROM_YAML": "yaml",
-        "BOTH": "file",
+        "BOTH": "arg",
         "FROM_ARG": "arg",
         "FROM_FILE": "file",
         "NEW": "arg",

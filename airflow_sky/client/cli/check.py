@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_sky.client.cli.common import add_env_arguments, check_buckets, load_task
-from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
-from airflow_sky.task import Task
-from airflow_sky.task.pipeline import is_pipeline_file
-from airflow_sky.task.task import launch_hint
-from airflow_sky.task.yaml_io import dump_yaml
+from airflow_sky.client.cli.arguments import add_env_arguments
+
+if TYPE_CHECKING:  # the task layer loads when a file is checked (every CLI call registers `check`)
+    from airflow_sky.task import Task
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +34,8 @@ def register(subparsers: Any) -> None:
 
 def launch_needs(task: Task, source: str) -> str | None:
     """One line naming the values a template still needs at launch and how to pass each; None if none."""
+    from airflow_sky.task.task import launch_hint
+
     if not task.unset:
         return None
     fields = ", ".join(f"{field}.{key}" for key, field in task.unset.items())
@@ -45,6 +45,9 @@ def launch_needs(task: Task, source: str) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the task (SpecError propagates to the CLI's one-line error, exit 2) and print it."""
+    from airflow_sky.client.cli.common import check_buckets, load_task
+    from airflow_sky.task.pipeline import is_pipeline_file
+
     if is_pipeline_file(args.file):
         return _check_pipeline(args)
     task = load_task(args, allow_unset=True)
@@ -59,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_pipeline(args: argparse.Namespace) -> int:
     """A pipeline file: every task validated; the normalized documents printed; one line on how it runs."""
+    from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
+    from airflow_sky.task.yaml_io import dump_yaml
+
     pipeline = load_pipeline_args(args, allow_unset=True)
     documents = pipeline.to_documents()
     if args.show_secrets is False:

@@ -17,33 +17,6 @@ from airflow_sky.task.redaction import GIT_TOKEN
 _BARE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def add_env_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY[=VALUE]",
-        help="set an env value at launch (a bare KEY takes its value from this shell's environment); "
-        "repeatable; overrides the YAML",
-    )
-    parser.add_argument(
-        "--env-file", metavar="FILE", help="dotenv file of KEY=VALUE lines; overrides --env and the YAML"
-    )
-    parser.add_argument(
-        "--secret",
-        action="append",
-        default=[],
-        metavar="KEY[=VALUE]",
-        help="set a secret at launch (a bare KEY takes its value from this shell's environment, so the "
-        "value never lands on a command line); masked in every log; repeatable; overrides the YAML",
-    )
-    parser.add_argument(
-        "--secret-file",
-        metavar="FILE",
-        help="dotenv file of KEY=VALUE secrets; overrides --secret and the YAML",
-    )
-
-
 def env_values(flag: str, args: list[str]) -> dict[str, str]:
     """`--env`/`--secret` arguments -> {KEY: VALUE}; a bare `KEY` is read from this process's environment,
     as `sky launch --env KEY` does. Error messages name the key, never a value."""
@@ -64,14 +37,18 @@ def env_values(flag: str, args: list[str]) -> dict[str, str]:
     return values
 
 
+def secret_values(args: argparse.Namespace) -> dict[str, str]:
+    """--secret-file's values with --secret's over them (the command line wins, as for --env/--env-file)."""
+    secret_file = getattr(args, "secret_file", None)
+    values = read_env_file(secret_file) if secret_file is not None else {}
+    return {**values, **env_values("--secret", getattr(args, "secret", []))}
+
+
 def load_task(args: argparse.Namespace, *, allow_unset: bool = False) -> Task:
     """The task of `args.file` with --env/--env-file/--secret/--secret-file applied; SpecWarnings print as
     one line each."""
     overrides = env_values("--env", args.env)
-    secrets = env_values("--secret", getattr(args, "secret", []))
-    secret_file = getattr(args, "secret_file", None)
-    if secret_file is not None:
-        secrets.update(read_env_file(secret_file))
+    secrets = secret_values(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SpecWarning)
         # Secrets fill the YAML's `secrets: {KEY: null}` too; they are made secrets below whatever the YAML says.

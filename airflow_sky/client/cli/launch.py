@@ -10,22 +10,18 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from airflow_sky.client.cli.common import (
-    add_env_arguments,
-    check_buckets,
-    check_git_workdir,
-    git_credentials_from_environment,
-    load_task,
-)
-from airflow_sky.client.engine import LaunchOptions
+from airflow_sky.client.cli.arguments import add_task_overrides
 from airflow_sky.errors import SpecError
-from airflow_sky.task import Task
+
+# Loaded by the handlers that run a task: `status`, `down` and the others answer without the task layer.
+if TYPE_CHECKING:
+    from airflow_sky.task import Task
 
 
 def register(subparsers: Any) -> None:
@@ -122,37 +118,11 @@ def register(subparsers: Any) -> None:
     autostop.set_defaults(handler=_autostop)
 
 
-def add_task_overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--infra", help="local (default), ssh/<pool>, aws[/region], gcp[/region]")
-    parser.add_argument("--num-nodes", type=int, help="override num_nodes")
-    parser.add_argument("--gpus", help="override resources.accelerators, e.g. L4:4")
-    parser.add_argument("--cpus", help="override resources.cpus, e.g. 8 or 4+")
-    parser.add_argument("--memory", help="override resources.memory in GiB, e.g. 32 or 32+")
-    parser.add_argument("--instance-type", help="override resources.instance_type, e.g. g6.12xlarge")
-    spot = parser.add_mutually_exclusive_group()
-    spot.add_argument("--use-spot", dest="use_spot", action="store_true", default=None, help="spot instances")
-    spot.add_argument("--no-use-spot", dest="use_spot", action="store_false", help="on-demand instances")
-    parser.add_argument("--region", help="override the region (with the task's or --infra's cloud)")
-    parser.add_argument("--zone", help="override the zone")
-    parser.add_argument("--disk-size", type=int, help="override resources.disk_size (GiB)")
-    parser.add_argument("--image-id", help="override resources.image_id")
-    parser.add_argument(
-        "--git-url",
-        metavar="URL",
-        help="git repository cloned into ~/sky_workdir on every node (sets the workdir to {url: URL}); "
-        "a private HTTPS repository takes its token from GIT_TOKEN (this shell's environment or --secret)",
-    )
-    parser.add_argument(
-        "--git-ref",
-        metavar="REF",
-        help="branch, tag or commit of the git workdir to check out (default: the remote's HEAD)",
-    )
-    add_env_arguments(parser)
-
-
 def task_with_overrides(args: argparse.Namespace, *, worker_is_here: bool = True) -> Task:
     """The task of `args.file` with every override flag applied. `worker_is_here`: this process runs the
     job's Airflow tasks (launch, exec), so a git SSH key path of this machine's environment applies."""
+    from airflow_sky.client.cli.common import git_credentials_from_environment, load_task
+
     task = load_task(args)
     task.update_workdir(git_url=args.git_url, git_ref=args.git_ref)
     git_credentials_from_environment(task, os.environ, key_path=worker_is_here)
@@ -184,10 +154,18 @@ def _infra(args: argparse.Namespace, task: Task) -> str:
     return str(args.infra or task.resources.infra or "local")
 
 
-def _run(task: Task, options: Any, task_file: str, outcomes: list[Any] | None = None) -> int:
+def _run(
+    task: Task,
+    options: Any,
+    task_file: str,
+    outcomes: list[Any] | None = None,
+    *,
+    launch_command: str | None = None,
+) -> int:
     """Run the launch in this process, printing progress; Ctrl-C detaches (the job keeps running).
 
-    `outcomes` receives the launch's JobOutcome (a pipeline's next job reads its result).
+    `outcomes` receives the launch's JobOutcome (a pipeline's next job reads its result); `launch_command`:
+    the launch an exec's error suggests.
     """
     from airflow_sky.client import sdk
     from airflow_sky.client.cli import PipeSafeOutput
@@ -237,7 +215,7 @@ def _run(task: Task, options: Any, task_file: str, outcomes: list[Any] | None = 
 
     previous = signal.signal(signal.SIGINT, detach)
     try:
-        outcome = sdk.run(task, options, listener, task_file)
+        outcome = sdk.run(task, options, listener, task_file, launch_command)
         if outcomes is not None:
             outcomes.append(outcome)
     finally:
@@ -254,8 +232,7 @@ def _run(task: Task, options: Any, task_file: str, outcomes: list[Any] | None = 
         autostop = task.resources.autostop
         when = ""
         if isinstance(autostop, dict):
-            verb = "end" if autostop["down"] else "stop"
-            when = f"; its nodes {verb} themselves after {autostop['idle_minutes']} idle minute(s)"
+            when = "; " + _idle_limit(autostop["idle_minutes"], bool(autostop["down"]))
         console.print(
             f"Cluster {outcome.cluster_name} is kept{when}. Down now with: airflow-sky down {outcome.cluster_name}"
         )
@@ -308,6 +285,8 @@ def _stop_helpers() -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    from airflow_sky.client.cli.common import check_buckets, check_git_workdir
+    from airflow_sky.client.engine import LaunchOptions
     from airflow_sky.gang.job import sanitize_cluster_name
     from airflow_sky.task.pipeline import is_pipeline_file
 
@@ -359,8 +338,13 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    task = task_with_overrides(args)
+    from airflow_sky.client.cli.common import check_buckets
+    from airflow_sky.client.cli.hints import launch_command
+    from airflow_sky.client.engine import LaunchOptions
     from airflow_sky.client.sdk import infra_of
+
+    suggested = launch_command(args.cluster, args)  # before the overrides are applied to `args`
+    task = task_with_overrides(args)
 
     infra = args.infra or infra_of(args.cluster, task.resources.infra)
     check_buckets(task, infra)
@@ -375,6 +359,7 @@ def _exec(args: argparse.Namespace) -> int:
             follow=not args.detach_run,
         ),
         args.file,
+        launch_command=suggested,
     )
 
 
@@ -460,6 +445,13 @@ def _autostop(args: argparse.Namespace) -> int:
             print(f"Autostop of cluster {name} cancelled.")
             continue
         sdk.autostop(name, args.idle_minutes, down=args.down)
-        verb = "end" if args.down else "stop"
-        print(f"Cluster {name}: its nodes {verb} themselves after {args.idle_minutes} idle minute(s).")
+        print(f"Cluster {name}: {_idle_limit(args.idle_minutes, args.down)}.")
     return 0
+
+
+def _idle_limit(asked_minutes: int, down: bool) -> str:
+    """The idle limit the nodes' watchers apply (the one this process arms them with), in words."""
+    from airflow_sky.client.cli.idle import idle_limit_text
+    from airflow_sky.infra.cluster import autostop_check_s
+
+    return idle_limit_text(asked_minutes, autostop_check_s(), down)

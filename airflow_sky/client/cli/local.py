@@ -8,10 +8,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from airflow_sky.errors import SpecError
+from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra.base import ProvisionRequest
 from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.cloud import LocalCloud
+from airflow_sky.task.diagnostics import did_you_mean
 
 
 def register(subparsers: Any) -> None:
@@ -58,13 +59,25 @@ def _ls(args: argparse.Namespace) -> int:
     if not names:
         Console().print(f"no local clusters (state dir: {layout.root()})")
         return 0
+    if args.name:
+        _require_cluster(cloud, args.name)
     for name in names:
         _print_nodes(name, cloud.nodes(name))
     return 0
 
 
+def _require_cluster(cloud: LocalCloud, name: str) -> None:
+    """A name no local cluster has is an error naming the local clusters' closest name, not an empty one."""
+    if not cloud.nodes(name):
+        known = cloud.clusters()
+        where = f"local clusters: {', '.join(known)}" if known else "there are no local clusters"
+        raise ClusterError(f"local cluster {name!r} not found ({where}){did_you_mean(name, known)}")
+
+
 def _preempt(args: argparse.Namespace) -> int:
-    node = LocalCloud().preempt(args.name, args.rank)
+    cloud = LocalCloud()
+    _require_cluster(cloud, args.name)
+    node = cloud.preempt(args.name, args.rank)
     Console().print(f"preempted rank {node.rank} of {args.name} ({node.internal_ip}): {node.status.value}")
     return 0
 

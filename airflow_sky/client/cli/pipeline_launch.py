@@ -23,12 +23,12 @@ from typing import Any
 from rich.console import Console
 
 from airflow_sky.client.cli.common import env_values
+from airflow_sky.client.cli.common import secret_values as launch_secrets
 from airflow_sky.client.engine import LaunchOptions
 from airflow_sky.errors import SpecError
 from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.task import SpecWarning, Task
 from airflow_sky.task.envs import pipeline_task_ids
-from airflow_sky.task.overrides import read_env_file
 from airflow_sky.task.pipeline import PARALLEL, Pipeline
 from airflow_sky.task.templating import render_results
 
@@ -54,9 +54,7 @@ Runner = Callable[..., int]
 def load_pipeline_args(args: argparse.Namespace, *, allow_unset: bool = False) -> Pipeline:
     """The pipeline of `args.file` with --env/--env-file/--secret/--secret-file applied to every task."""
     overrides = env_values("--env", args.env)
-    secret_values = env_values("--secret", getattr(args, "secret", []))
-    if getattr(args, "secret_file", None) is not None:
-        secret_values.update(read_env_file(args.secret_file))
+    secret_values = launch_secrets(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SpecWarning)
         pipeline = Pipeline.from_yaml(

@@ -19,8 +19,6 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-import asyncssh
-
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
@@ -246,6 +244,8 @@ class LocalCloud(Cloud):
         if key_path.exists():
             return
         key_path.parent.mkdir(parents=True, exist_ok=True)
+        import asyncssh  # here: reading a cluster (`airflow-sky status`) needs no key generation
+
         key = asyncssh.generate_private_key("ssh-ed25519", comment=f"airflow-sky-{cluster_name}")
         key.write_private_key(str(key_path))
         os.chmod(key_path, 0o600)
@@ -266,6 +266,8 @@ class LocalCloud(Cloud):
         home.mkdir(mode=0o700)
         tmp.mkdir(mode=0o700)
         layout.node_home(node_dir).symlink_to(home)
+        import asyncssh
+
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         host_key.write_private_key(str(layout.host_key_path(node_dir)))
         os.chmod(layout.host_key_path(node_dir), 0o600)

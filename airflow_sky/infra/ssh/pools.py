@@ -22,14 +22,15 @@ import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import paramiko
+from typing import TYPE_CHECKING, Any
 
 from airflow_sky.errors import SpecError
 from airflow_sky.infra.home import sky_home, user_ssh_config
 from airflow_sky.task.diagnostics import show, unknown_field_message
 from airflow_sky.task.yaml_io import parse_yaml
+
+if TYPE_CHECKING:
+    import paramiko
 
 POOL_FILE_ENV = "AIRFLOW_SKY_SSH_NODE_POOLS"
 POOL_FIELDS = ("user", "identity_file", "password", "hosts")
@@ -224,6 +225,8 @@ def _parse_host(
 
 def _ssh_config(path: Path | None) -> paramiko.SSHConfig:
     """The user's OpenSSH client config, parsed by paramiko (empty when there is none)."""
+    import paramiko  # here: listing the pools (a cluster search) reads no ssh config
+
     path = path or user_ssh_config()
     if path.is_file():
         return paramiko.SSHConfig.from_path(str(path))

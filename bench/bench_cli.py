@@ -1,0 +1,112 @@
+"""How long the everyday CLI commands take: `status`, `queue`, `logs`, `cancel`, `down`, an unknown cluster.
+
+    baseline  `python -c pass`: the interpreter's own start, which every `airflow-sky` call pays too
+              (`true` is shown as well: what a process costs at all)
+    ours      `python -m airflow_sky.client.cli COMMAND ...` as a user runs it, each a process of its own, on a
+              2-node local cluster with one finished job (launched once before the timing, not timed)
+
+`down` is timed on a 1-node cluster made for each try (`local up`, not timed); the others repeat on the
+kept cluster. Each figure is the median of --repeats tries. The target: every command well under a second,
+which leaves the interpreter start plus a few hundred milliseconds; the ratio says how many interpreter
+starts a command costs. None of them imports Airflow (tests/cli/test_cli_imports.py guards that).
+
+Usage: python bench/bench_cli.py [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import header, restored_env  # bench/common.py (the script's own folder)
+
+CLUSTER = "bench-cli"
+JOB = """\
+name: bench
+num_nodes: 2
+run: echo "hello from $SKYPILOT_NODE_RANK"
+"""
+CLI = [sys.executable, "-m", "airflow_sky.client.cli"]
+
+
+def private_cli_homes(state: Path) -> None:
+    """The CLI's Airflow home, index, ssh entries and local clusters under `state` (children inherit it)."""
+    os.environ.pop("AIRFLOW_HOME", None)
+    os.environ["AIRFLOW_SKY_AIRFLOW_HOME"] = str(state / "airflow")
+    os.environ["AIRFLOW_SKY_HOME"] = str(state / "sky-home")
+    os.environ["AIRFLOW_SKY_SSH_CONFIG"] = str(state / "ssh_config")
+    os.environ["AIRFLOW_SKY_LOCAL_ROOT"] = str(state / "local")
+    for name in [k for k in os.environ if k.startswith("AIRFLOW_CONN_")]:
+        del os.environ[name]  # no cloud is configured: an unknown cluster is looked for on local only
+
+
+def run(argv: list[str], *, ok: tuple[int, ...] = (0,)) -> float:
+    """Seconds `argv` took; exits naming the command when its status is not one of `ok`."""
+    started = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    elapsed = time.perf_counter() - started
+    if proc.returncode not in ok:
+        sys.exit(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return elapsed
+
+
+def median_of(repeats: int, argv: list[str], ok: tuple[int, ...] = (0,)) -> float:
+    return statistics.median(run(argv, ok=ok) for _ in range(repeats))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    header()
+    with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp, restored_env(dict(os.environ)):
+        state = Path(tmp)
+        private_cli_homes(state)
+        task = state / "job.yaml"
+        task.write_text(JOB)
+        print("launching the cluster and its job (not timed) ...", flush=True)
+        run([*CLI, "launch", "-c", CLUSTER, str(task), "-y"])
+        try:
+            measure(args.repeats)
+        finally:
+            run([*CLI, "down", CLUSTER, "-y"])
+
+
+def measure(repeats: int) -> None:
+    baseline = median_of(repeats, [sys.executable, "-c", "pass"])
+    process = median_of(repeats, ["true"])
+    commands: list[tuple[str, list[str], tuple[int, ...]]] = [
+        ("status", ["status"], (0,)),
+        (f"status {CLUSTER}", ["status", CLUSTER], (0,)),
+        (f"queue {CLUSTER}", ["queue", CLUSTER], (0,)),
+        (f"logs {CLUSTER} 1", ["logs", CLUSTER, "1"], (0,)),
+        (f"logs --status {CLUSTER}", ["logs", "--status", CLUSTER], (0,)),
+        (f"cancel {CLUSTER}", ["cancel", CLUSTER], (0,)),
+        ("queue nosuch (error)", ["queue", "nosuch"], (1,)),
+        ("down nosuch -y (error)", ["down", "nosuch", "-y"], (1,)),
+    ]
+    print(f"\nmedian of {repeats}; ratio = seconds / `python -c pass`")
+    print(f"  {'true':<28} {process:6.3f} s")
+    print(f"  {'python -c pass (baseline)':<28} {baseline:6.3f} s   ratio  1.00")
+    for label, argv, ok in commands:
+        seconds = median_of(repeats, [*CLI, *argv], ok)
+        print(f"  {label:<28} {seconds:6.3f} s   ratio {seconds / baseline:5.2f}", flush=True)
+    downs = []
+    for i in range(repeats):
+        name = f"bench-down-{i}"
+        run([*CLI, "local", "up", name, "--nodes", "1"])
+        downs.append(run([*CLI, "down", name, "-y"]))
+    seconds = statistics.median(downs)
+    print(f"  {'down (1 node)':<28} {seconds:6.3f} s   ratio {seconds / baseline:5.2f}")
+
+
+if __name__ == "__main__":
+    main()
