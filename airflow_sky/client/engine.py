@@ -91,12 +91,12 @@ def prepare_airflow() -> Path:
             "the engine in a process of its own"
         )
     # A dags folder per launching process: dag.test() parses its whole folder into the DB, and two launches
-    # at once (concurrent execs) parsing each other's DAG race on creating the same DAG rows.
+    # at once (concurrent execs) parsing each other's DAG race on creating the same DAG rows. It is made
+    # with the launch's files and removed when the launch ends; a killed launch's is removed here.
     for stale in (home / "dags").glob("launch-*"):
         with contextlib.suppress(OSError):
             stale.rmdir()  # only empty ones: a running launch's files are gone once parsed anyway
     dags = home / "dags" / f"launch-{os.getpid()}-{secrets.token_hex(3)}"
-    dags.mkdir(parents=True, exist_ok=True)
     # The private Airflow reads its own airflow.cfg: settings meant for the user's real Airflow (its DB
     # URL, executor, dags folder) must not redirect it. Logging settings are kept.
     for name in [
@@ -146,9 +146,18 @@ def _remove_launch_files() -> None:
         Path(path).unlink(missing_ok=True)
 
 
+def _end_launch() -> None:
+    """The launch's files and its dags folder go (a next launch in this process makes the folder again)."""
+    _remove_launch_files()
+    folder = _active.pop("dags_folder", None)
+    if folder is not None:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: never another launch's files
+
+
 def abandon_launch() -> Path | None:
     """For a Ctrl-C that ends this process: remove the launch's files; returns its log file."""
-    _remove_launch_files()
+    _end_launch()
     log_file: Path | None = _active.get("log_file")
     return log_file
 
@@ -160,6 +169,7 @@ def write_launch_files(task: Task, options: LaunchOptions) -> Path:
     dag_id = dag_id_for(options.cluster_name)
     dags = Path(conf.get("core", "dags_folder"))
     dags.mkdir(parents=True, exist_ok=True)
+    _active["dags_folder"] = dags
     spec_path = dags / f"{dag_id}.json"
     dag_path = dags / f"{dag_id}.py"
     spec = {
@@ -243,12 +253,11 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     """Run the job to its end in this process; `listener` receives progress events as they happen."""
     raise_open_file_limit(task.num_nodes)
     home = prepare_airflow()
-    from airflow_sky.client.live import NodeLogs, task_events
+    from airflow_sky.client.live import LogOrder, NodeLogs, task_events
     from airflow_sky.infra.registry import open_cluster
 
     cluster_name = sanitize_cluster_name(options.cluster_name)
     options = dataclasses.replace(options, cluster_name=cluster_name)
-    dag_path = write_launch_files(task, options)
     log_dir = home / "logs" / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
@@ -258,6 +267,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     lock = threading.RLock()  # events come from the runner and from the node-log thread
     phases = tuple(p for p, wanted in (("setup", options.setup), ("run", options.follow)) if wanted)
     node_logs: list[NodeLogs] = []
+    log_order = LogOrder()
     redact = task_redactor(task)
 
     def sink(event: events.Event) -> None:
@@ -266,6 +276,10 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
         if event.text and event.kind != "log":  # node log lines come redacted; errors may quote anything
             event = dataclasses.replace(event, text=redact(event.text))
         quiet = task.setup is None and event.step.startswith("setup_")  # no "Running setup" without one
+        # Banners and verdicts after the node lines that led to them. Outside the lock: the node-log
+        # thread may be waiting for it while it holds the logs. Before teardown: the logs go with the nodes.
+        if log_order.drain_before(event) and node_logs:
+            node_logs[0].drain(reconnect=event.step == "teardown")
         with lock:
             for receive in listeners[:1] if quiet else listeners:
                 receive(event)
@@ -285,11 +299,9 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
             # Each node's sync task starts its setup; launch starts the run on every node.
             if event.kind == "task_started" and event.step in _STARTS_PHASE and node_logs:
                 node_logs[0].activate(_STARTS_PHASE[event.step])
-        # Outside the lock: the node-log thread may be waiting for it while it holds the logs.
-        if event.kind == "task_started" and event.step == "teardown" and node_logs:
-            node_logs[0].drain()  # the nodes, and their logs, are about to go
 
     try:
+        dag_path = write_launch_files(task, options)
         with _output_to(log_file), task_events(sink):
             dag = dag_from_spec_file(str(dag_path.with_suffix(".json")))
             dag_run = dag.test()
@@ -297,7 +309,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     finally:
         for watcher in node_logs:
             watcher.stop()
-        _remove_launch_files()
+        _end_launch()
         _active.pop("log_file", None)
     return JobOutcome(
         succeeded=state == "success" and not recorder.failures,

@@ -67,6 +67,11 @@ class LaunchAborted(SkyError):
     """The user declined the launch at its confirmation (nothing was created)."""
 
 
+class DagNotReady(ApiError, ValueError):
+    """The deployment's managed jobs DAG is missing or paused: a job submitted now would never start.
+    (A ValueError: the CLI exits 2, as for any refused launch.)"""
+
+
 def launch(
     task: Task | Pipeline | str | os.PathLike[str],
     *,
@@ -141,6 +146,7 @@ def launch(
         for name in spec.secrets
     }
     with _api(api) as client:
+        check_dag_ready(client, dag_id)
         if pipeline is not None:
             _check_pipeline_slots(client, dag_id, len(tasks))
         if confirm is not None and not confirm(pipeline or tasks[0].name or "unnamed"):
@@ -254,22 +260,44 @@ def _label(task: Task, pipeline: str | None) -> str:
     return "" if pipeline is None else f"task {task.name or '(unnamed)'}: "
 
 
-def _no_dag(client: AirflowApi, dag_id: str) -> ApiError:
-    return ApiError(
-        f"the Airflow at {client.config.url} has no DAG {dag_id}: add the managed jobs DAG to its DAG folder "
-        "(docs/deploy.md, managed jobs)",
+def check_dag_ready(client: AirflowApi, dag_id: str = MANAGED_DAG_ID) -> None:
+    """Refuse (DagNotReady, naming the fix) when the deployment's `dag_id` is missing or paused: a run of a
+    paused DAG stays queued, and `jobs queue` would say PENDING forever."""
+    dag = _dag_get(client, dag_id)
+    if dag.get("is_stale"):  # its file left the DAG folder: the scheduler runs none of its runs
+        raise _no_dag(client, dag_id)
+    if dag.get("is_paused"):
+        raise DagNotReady(
+            f"the managed jobs DAG {dag_id} is paused on the Airflow at {client.config.url}, so a job would "
+            f"wait PENDING; unpause it: `airflow dags unpause {dag_id}` (or PATCH /api/v2/dags/{dag_id} "
+            '{"is_paused": false}, or its toggle in the UI)',
+            409,
+        )
+
+
+def _dag_get(client: AirflowApi, dag_id: str, *below: str, **params: Any) -> Any:
+    """GET the DAG's own path (or one below it); a 404 says the DAG is not deployed, and how to deploy it."""
+    try:
+        return client.get(api_path("dags", dag_id, *below), **params)
+    except ApiError as e:
+        if e.status_code == 404:
+            raise _no_dag(client, dag_id) from e
+        raise
+
+
+def _no_dag(client: AirflowApi, dag_id: str) -> DagNotReady:
+    argument = "" if dag_id == MANAGED_DAG_ID else f"dag_id={dag_id!r}"
+    return DagNotReady(
+        f"the Airflow at {client.config.url} has no DAG {dag_id}: deploy it with a file in its DAG folder "
+        f"holding `from airflow_sky.dags.managed import managed_jobs_dag; dag = managed_jobs_dag({argument})` "
+        "(docs/deploy.md#managed-jobs)",
         404,
     )
 
 
 def _check_pipeline_slots(client: AirflowApi, dag_id: str, jobs: int) -> None:
     """Refuse, before anything is created, a pipeline longer than the deployed DAG has slots for."""
-    try:
-        tasks = client.get(api_path("dags", dag_id, "tasks"))["tasks"]
-    except ApiError as e:
-        if e.status_code == 404:
-            raise _no_dag(client, dag_id) from e
-        raise
+    tasks = _dag_get(client, dag_id, "tasks")["tasks"]
     slots = sum(1 for t in tasks if re.fullmatch(r"spec\d*", str(t.get("task_id"))))
     if jobs > slots:
         raise SpecError(
@@ -281,8 +309,8 @@ def _check_pipeline_slots(client: AirflowApi, dag_id: str, jobs: int) -> None:
 def queue(limit: int = 50, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> list[ManagedJob]:
     """The latest managed jobs, newest first."""
     with _api(api) as client:
-        runs = client.get(api_path("dags", dag_id, "dagRuns"), limit=limit, order_by="-run_after")["dag_runs"]
-        return [_job(client, dag_id, run) for run in runs]
+        runs = _dag_get(client, dag_id, "dagRuns", limit=limit, order_by="-run_after")
+        return [_job(client, dag_id, run) for run in runs["dag_runs"]]
 
 
 def job(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> ManagedJob:

@@ -45,7 +45,8 @@ def slot_group(index: int) -> str:
 
 def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, pipeline_slots: int = 1, **dag_kwargs: Any) -> DAG:
     """The managed jobs DAG. DAG kwargs pass through (e.g. `max_active_runs`, `tags`, `access_control`);
-    `sky_job` options such as `deferrable` go in `job_kwargs`.
+    `sky_job` options such as `deferrable` go in `job_kwargs`. It is created unpaused
+    (`is_paused_upon_creation=False` unless given).
 
     :param pipeline_slots: the most tasks a pipeline may have: one job group per slot, chained (slot 2 runs
         when slot 1 succeeded); a run with fewer jobs skips the rest. 1 (the default) runs single tasks.
@@ -56,6 +57,9 @@ def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, pipeline_slots: int = 1, **da
     dag_kwargs.setdefault("schedule", None)
     dag_kwargs.setdefault("catchup", False)
     dag_kwargs.setdefault("max_active_runs", 64)
+    # Created unpaused whatever `[core] dags_are_paused_at_creation` says (True by default): a paused
+    # managed-jobs DAG leaves every submitted job PENDING. `jobs launch` refuses while it is paused.
+    dag_kwargs.setdefault("is_paused_upon_creation", False)
     dag_kwargs.setdefault("tags", ["airflow-sky", "managed-jobs"])
     dag_kwargs.setdefault("doc_md", __doc__)
     with DAG(dag_id=dag_id, **dag_kwargs) as dag:

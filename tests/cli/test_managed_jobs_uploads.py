@@ -45,6 +45,8 @@ class RecordingApi:
         return None
 
     def get(self, path: str, **params: Any) -> Any:
+        if path == "/dags/airflow_sky_jobs":  # launch's check that the DAG is there and unpaused
+            return {"dag_id": "airflow_sky_jobs", "is_paused": False, "is_stale": False}
         raise AssertionError(f"unexpected GET {path}")
 
     @property

@@ -100,8 +100,11 @@ def _epoch(timestamp: Any) -> float | None:
 
 
 def failure_of(record: dict[str, Any]) -> str:
-    """'rank 1: exit 4' for a failed job (the rank that failed first and its exit code), else '-'."""
+    """'rank 1: exit 4' for a failed job (the rank that failed first and its exit code), 'cancelled' for a
+    cancelled one (recorded as rank -1, exit 143: no rank failed), else '-'."""
     rank = record.get("failed_rank")
+    if record.get("status") == "CANCELLED" or rank == -1:
+        return "cancelled"
     if rank is None:
         return "-"
     code = record.get("failed_exit_code")

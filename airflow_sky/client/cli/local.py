@@ -23,7 +23,11 @@ def register(subparsers: Any) -> None:
 
     up = commands.add_parser("up", help="start (or grow) a local cluster")
     up.add_argument("name")
-    up.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        help="number of nodes (default: 1 for a new cluster, an existing one's own count)",
+    )
     up.set_defaults(handler=_up)
 
     ls = commands.add_parser("ls", help="list local clusters and their nodes")
@@ -41,9 +45,15 @@ def register(subparsers: Any) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    if args.nodes < 1:
+    if args.nodes is not None and args.nodes < 1:
         raise SpecError(f"--nodes: must be an integer >= 1, got {args.nodes}")
-    nodes = LocalCloud().provision(ProvisionRequest(cluster_name=args.name, num_nodes=args.nodes))
+    cloud = LocalCloud()
+    have = max((n.rank for n in cloud.nodes(args.name)), default=-1) + 1
+    refusal = shrink_refusal(args.name, have, args.nodes)
+    if refusal is not None:
+        raise SpecError(refusal)
+    num_nodes = args.nodes or have or 1
+    nodes = cloud.provision(ProvisionRequest(cluster_name=args.name, num_nodes=num_nodes))
     _print_nodes(args.name, nodes)
     if daemon.isolation() is None:
         Console().print(
@@ -51,6 +61,18 @@ def _up(args: argparse.Namespace) -> int:
             "namespaces), so `ps` on a node shows the others' processes; each still has its own $TMPDIR"
         )
     return 0
+
+
+def shrink_refusal(name: str, have: int, asked: int | None) -> str | None:
+    """Why `local up NAME --nodes ASKED` is refused on a cluster of HAVE nodes: a local cluster grows in
+    place, but never drops nodes (a running job may be on them)."""
+    if asked is None or asked >= have:
+        return None
+    return (
+        f"--nodes: local cluster {name} has {have} nodes, more than {asked}; to resize it run "
+        f"`airflow-sky local down {name}` then `airflow-sky local up {name} --nodes {asked}`, "
+        f"or keep it with --nodes {have}"
+    )
 
 
 def _ls(args: argparse.Namespace) -> int:

@@ -6,8 +6,9 @@ import argparse
 import signal
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.filesize import decimal
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
@@ -15,6 +16,9 @@ from rich.table import Table
 from rich.text import Text
 
 from airflow_sky.errors import SpecError
+
+if TYPE_CHECKING:  # (not at run time: it imports the DAG module, hence Airflow)
+    from airflow_sky.client.managed_jobs import ManagedJob
 
 
 def register(subparsers: Any) -> None:
@@ -181,29 +185,88 @@ def _queue(args: argparse.Namespace) -> int:
     from airflow_sky.client import managed_jobs
 
     jobs = managed_jobs.queue(limit=args.limit)
-    console = Console(width=max(Console().width, 80), highlight=False)
+    console = Console(highlight=False)
     if not jobs:
         console.print("No managed jobs.")
         return 0
-    table = Table(box=None, pad_edge=False)
-    for column in ("ID", "NAME", "NODES", "INFRA", "SUBMITTED", "DURATION", "#RECOVERIES", "STATUS"):
-        table.add_column(column, no_wrap=column in ("ID", "STATUS"))
-    now = datetime.now(UTC)
-    for job in jobs:
-        # Text, not markup: a run conf is anyone's who may trigger the DAG (`[/x]` in it is no style).
-        cells = (
-            job.job_id,
-            job.name,
-            str(job.num_nodes or "-"),
-            job.infra,
-            _ago(job.submitted, now),
-            _duration(job.duration_s),
-            str(job.recoveries),
-            job.status,
-        )
-        table.add_row(*(Text(cell) for cell in cells))
-    console.print(table)
+    console.print(queue_table(jobs, datetime.now(UTC), console.width))
     return 0
+
+
+# `jobs queue`'s columns, left to right: (key, header, header when narrow). ID, NAME, #RECOVERIES and STATUS
+# always show; the others go, in DROP_ORDER, when the table would not fit the terminal.
+QUEUE_COLUMNS = (
+    ("id", "ID", "ID"),
+    ("name", "NAME", "NAME"),
+    ("nodes", "NODES", "NODES"),
+    ("infra", "INFRA", "INFRA"),
+    ("submitted", "SUBMITTED", "SUBMITTED"),
+    ("duration", "DURATION", "DURATION"),
+    ("recoveries", "#RECOVERIES", "#REC"),
+    ("status", "STATUS", "STATUS"),
+)
+DROP_ORDER = ("infra", "nodes", "duration", "submitted")
+NAME_MIN = 10  # a longer name is cut to this (with an ellipsis) before a column is dropped
+GAP = 2  # rich's cell padding between two columns (none at the table's edges)
+
+
+def queue_table(jobs: list[ManagedJob], now: datetime, width: int) -> Table:
+    """`jobs queue`'s table for a terminal `width` columns wide: whole ids, statuses and short times on one
+    line each; a long name is cut with an ellipsis, and less needed columns go when it would not fit."""
+    rows = [_queue_cells(job, now) for job in jobs]
+    keys, headers = fit_queue_columns(rows, width)
+    natural = _widths(rows, keys, headers)
+    others = sum(natural[key] for key in keys if key != "name") + GAP * (len(keys) - 1)
+    table = Table(box=None, pad_edge=False)
+    for key in keys:
+        if key == "name":  # the one free text: given what is left, cut with an ellipsis
+            name_width = max(min(natural["name"], width - others), min(natural["name"], NAME_MIN))
+            table.add_column(headers[key], width=name_width, no_wrap=True, overflow="ellipsis")
+        else:
+            table.add_column(headers[key], no_wrap=True)
+    for row in rows:
+        # Text, not markup: a run conf is anyone's who may trigger the DAG (`[/x]` in it is no style).
+        table.add_row(*(Text(row[key]) for key in keys))
+    return table
+
+
+def fit_queue_columns(rows: list[dict[str, str]], width: int) -> tuple[list[str], dict[str, str]]:
+    """The columns (keys, headers) that fit `width`: every one with its full header when it fits, else the
+    short headers and the fewest columns dropped (DROP_ORDER)."""
+    keys = [key for key, _, _ in QUEUE_COLUMNS]
+    full = {key: header for key, header, _ in QUEUE_COLUMNS}
+    short = {key: header for key, _, header in QUEUE_COLUMNS}
+
+    def needed(keys: list[str], headers: dict[str, str]) -> int:
+        cells = _widths(rows, keys, headers)
+        cells["name"] = min(cells["name"], NAME_MIN)
+        return sum(cells.values()) + GAP * (len(keys) - 1)
+
+    if needed(keys, full) <= width:
+        return keys, full
+    for drop in DROP_ORDER:
+        if needed(keys, short) <= width:
+            break
+        keys.remove(drop)
+    return keys, short
+
+
+def _widths(rows: list[dict[str, str]], keys: list[str], headers: dict[str, str]) -> dict[str, int]:
+    """Each column's natural width: its widest cell or header (in terminal cells)."""
+    return {key: max([cell_len(headers[key]), *(cell_len(row[key]) for row in rows)]) for key in keys}
+
+
+def _queue_cells(job: ManagedJob, now: datetime) -> dict[str, str]:
+    return {
+        "id": job.job_id,
+        "name": job.name,
+        "nodes": str(job.num_nodes or "-"),
+        "infra": job.infra,
+        "submitted": _ago(job.submitted, now),
+        "duration": _duration(job.duration_s),
+        "recoveries": str(job.recoveries),
+        "status": job.status,
+    }
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -226,14 +289,23 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _ago(when: datetime | None, now: datetime) -> str:
+    """How long ago, in its largest unit: '12s ago', '5m ago', '3h ago', '2d ago'."""
     if when is None:
         return "-"
-    return f"{_duration((now - when).total_seconds())} ago"
+    seconds = max(0, int((now - when).total_seconds()))
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
 
 
 def _duration(seconds: float | None) -> str:
+    """'45s', '5m 2s', '1h 5m', '2d 3h'."""
     if seconds is None:
         return "-"
-    minutes, secs = divmod(int(seconds), 60)
+    minutes, secs = divmod(max(0, int(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours}h"
     return f"{hours}h {minutes}m" if hours else f"{minutes}m {secs}s" if minutes else f"{secs}s"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rich.console import Console
 from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
+from airflow_sky.client.cli.exit_summary import exit_code_lines
 from airflow_sky.client.engine import JobOutcome
 from airflow_sky.client.events import Event
 
@@ -116,10 +116,9 @@ def print_summary(
     table.add_row("total", f"{time.time() - started_at:.1f}s")
     console.print(table)
     for phase in ("setup", "run"):
-        codes = outcome.exit_codes.get(phase) or {}
-        if codes:
-            shown = ", ".join(f"rank {r}: {_code(c)}" for r, c in sorted(codes.items()))
-            console.print(f"{phase} exit codes: {shown}", highlight=False)
+        # Wrapped here: the launch's console soft-wraps (a node's log line is never cut).
+        for line in exit_code_lines(phase, outcome.exit_codes.get(phase) or {}, console.width):
+            console.print(line, highlight=False)
     job = f"Job {outcome.job_id}" if outcome.job_id is not None else "Job"
     status = status or job_status_of(outcome)
     if outcome.succeeded:
@@ -141,7 +140,3 @@ def job_status_of(outcome: JobOutcome) -> str:
     if any("cancelled" in failure.lower() for failure in outcome.failures):
         return "CANCELLED"
     return "FAILED"
-
-
-def _code(code: Any) -> str:
-    return "?" if code is None else str(code)

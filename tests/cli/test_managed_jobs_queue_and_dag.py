@@ -1,0 +1,204 @@
+"""`airflow-sky jobs queue` on an 80-column terminal, and `jobs launch` against a managed jobs DAG that is paused
+or missing (refused in one line naming the fix, before anything is created).
+
+The Airflow API here is a stand-in HTTP server on loopback (real sockets, real httpx, the real CLI entry
+point) that answers the DAG's state and records every request; a real Airflow with a paused DAG is
+tests/scheduler/test_managed_jobs.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from airflow_sky.client.cli import main
+from airflow_sky.client.cli.jobs import failure_of
+from airflow_sky.client.cli.managed import queue_table
+from airflow_sky.client.managed_jobs import ManagedJob
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def _job(job_id: str, name: str, status: str, ago_s: float, took_s: float, recoveries: int = 0) -> ManagedJob:
+    return ManagedJob(
+        job_id=job_id,
+        name=name,
+        status=status,
+        recoveries=recoveries,
+        num_nodes=16,
+        submitted=NOW - timedelta(seconds=ago_s),
+        duration_s=took_s,
+        infra="aws/us-east-1",
+    )
+
+
+JOBS = [
+    _job(
+        "sky-job-20261203-115458-a1b2c3", "managed-training-run-of-the-nightly-model", "RUNNING", 302, 290, 1
+    ),
+    _job("sky-job-20261203-110000-d4e5f6", "train", "SUCCEEDED", 3600, 125),
+    _job("sky-job-20261201-090000-0a0b0c", "prep", "CANCELLED", 2 * 86400 + 3 * 3600, 90000),
+]
+
+
+def _render(jobs: list[ManagedJob], width: int) -> list[str]:
+    console = Console(width=width, file=io.StringIO(), highlight=False)
+    console.print(queue_table(jobs, NOW, width))
+    return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+
+
+def test_jobs_queue_fits_80_columns_with_whole_ids_headers_statuses_and_short_times():
+    lines = _render(JOBS, 80)
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    header, *rows = lines
+    assert len(rows) == len(JOBS), "\n".join(lines)  # one line per job: nothing wraps
+    assert header.split() == ["ID", "NAME", "SUBMITTED", "DURATION", "#REC", "STATUS"]
+    by_id = {row.split()[0]: row for row in rows}
+    running = by_id["sky-job-20261203-115458-a1b2c3"]
+    assert "5m ago" in running and "4m 50s" in running and running.split()[-2:] == ["1", "RUNNING"]
+    assert "managed-t…" in running  # the long name is cut, with an ellipsis
+    assert "1h ago" in by_id["sky-job-20261203-110000-d4e5f6"]
+    assert "2m 5s" in by_id["sky-job-20261203-110000-d4e5f6"]
+    cancelled = by_id["sky-job-20261201-090000-0a0b0c"]
+    assert "2d ago" in cancelled and "1d 1h" in cancelled and cancelled.split()[-1] == "CANCELLED"
+
+
+def test_jobs_queue_drops_columns_before_it_cuts_an_id_or_a_status():
+    refused = _job("sky-job-20261203-115900-ffffff", "hostile", "FAILED_PRECHECKS", 30, 5)
+    lines = _render([*JOBS, refused], 80)
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert lines[0].split() == ["ID", "NAME", "SUBMITTED", "#REC", "STATUS"]
+    assert lines[-1].split()[0] == refused.job_id and lines[-1].split()[-2:] == ["0", "FAILED_PRECHECKS"]
+
+
+def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole():
+    lines = _render(JOBS, 200)
+    assert lines[0].split() == [
+        "ID",
+        "NAME",
+        "NODES",
+        "INFRA",
+        "SUBMITTED",
+        "DURATION",
+        "#RECOVERIES",
+        "STATUS",
+    ]
+    assert lines[1].split() == [
+        "sky-job-20261203-115458-a1b2c3",
+        "managed-training-run-of-the-nightly-model",
+        "16",
+        "aws/us-east-1",
+        "5m",
+        "ago",
+        "4m",
+        "50s",
+        "1",
+        "RUNNING",
+    ]
+
+
+def test_the_cluster_queue_says_cancelled_for_a_cancelled_job_not_its_rank_minus_one():
+    cancelled = {"status": "CANCELLED", "failed_rank": -1, "failed_exit_code": 143}
+    assert failure_of(cancelled) == "cancelled"
+    assert failure_of({"status": "FAILED", "failed_rank": 1, "failed_exit_code": 4}) == "rank 1: exit 4"
+    assert failure_of({"status": "SUCCEEDED"}) == "-"
+
+
+def test_the_managed_jobs_dag_is_created_unpaused_whatever_airflow_pauses_by_default():
+    from airflow_sky.dags.managed import managed_jobs_dag
+
+    assert managed_jobs_dag().is_paused_upon_creation is False
+    assert managed_jobs_dag(dag_id="kept_paused", is_paused_upon_creation=True).is_paused_upon_creation
+
+
+class DagStandIn(BaseHTTPRequestHandler):
+    """GET /api/v2/dags/airflow_sky_jobs answers `dag` (None: 404); every request is recorded."""
+
+    dag: dict[str, Any] | None
+    requests: list[str]
+
+    def do_GET(self) -> None:
+        self.requests.append(f"GET {self.path}")
+        if self.path == "/api/v2/dags/airflow_sky_jobs" and self.dag is not None:
+            self._answer(200, self.dag)
+        else:
+            self._answer(404, {"detail": "The Dag with dag_id: `airflow_sky_jobs` was not found"})
+
+    def do_POST(self) -> None:
+        self.requests.append(f"POST {self.path}")
+        self._answer(500, {"detail": "nothing may be created"})
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))  # (httpx reads JSON whatever the type says)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def airflow_with(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Start a stand-in API whose DAG is the one given; the CLI's environment points at it."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(dag: dict[str, Any] | None) -> list[str]:
+        requests: list[str] = []
+        handler = type("Handler", (DagStandIn,), {"dag": dag, "requests": requests})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        monkeypatch.setenv("AIRFLOW_SKY_API_URL", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("AIRFLOW_SKY_API_TOKEN", "t")
+        return requests
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def task_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRFLOW_SKY_HOME", str(tmp_path / "sky"))
+    for name in ("MANAGED_INFRAS", "MANAGED_CLUSTER_NAMES", "MANAGED_BUCKETS"):
+        monkeypatch.delenv(f"AIRFLOW__SKY__{name}", raising=False)
+    (tmp_path / "task.yaml").write_text("name: t\nrun: echo hi\n")
+    return tmp_path / "task.yaml"
+
+
+def test_jobs_launch_on_a_paused_dag_is_refused_in_one_line_naming_the_unpause_command(
+    airflow_with, task_file, capsys
+):
+    requests = airflow_with({"dag_id": "airflow_sky_jobs", "is_paused": True, "is_stale": False})
+    assert main(["jobs", "launch", str(task_file), "-d"]) == 2
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert line.startswith("airflow-sky: error: the managed jobs DAG airflow_sky_jobs is paused"), line
+    assert "`airflow dags unpause airflow_sky_jobs`" in line and "PATCH /api/v2/dags/airflow_sky_jobs" in line
+    assert "submitted" not in out
+    assert requests == ["GET /api/v2/dags/airflow_sky_jobs"]  # no Variable, no run
+
+
+@pytest.mark.parametrize("dag", [None, {"dag_id": "airflow_sky_jobs", "is_paused": False, "is_stale": True}])
+def test_jobs_launch_without_a_deployed_dag_is_refused_in_one_line_saying_how_to_deploy_it(
+    airflow_with, task_file, capsys, dag
+):
+    requests = airflow_with(dag)
+    assert main(["jobs", "launch", str(task_file), "-d"]) == 2
+    _, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert "has no DAG airflow_sky_jobs" in line, line
+    assert "from airflow_sky.dags.managed import managed_jobs_dag; dag = managed_jobs_dag()" in line, line
+    assert requests == ["GET /api/v2/dags/airflow_sky_jobs"]
