@@ -9,6 +9,7 @@ and the user must still see every node live. Both hand Events to one sink.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,8 @@ _MAX_IDLE_POLL_S = 1.0  # ... backing off to this while every log is quiet
 _START_CHECK_S = 1.0  # how often a rank is asked whether its phase has started there
 _GENERATION_CHECK_S = 5.0  # how often a rank whose run ended is asked for a newer generation (a recovery)
 _RECONNECT_S = 2.0
+
+logger = logging.getLogger(__name__)
 
 
 class TaskEvents:
@@ -90,6 +93,28 @@ def task_events(sink: Listener) -> Iterator[None]:
         yield
     finally:
         manager.pm.unregister(listener)
+
+
+def drains_logs_first(event: Event, first_start: bool) -> bool:
+    """Whether every node log line read so far is told before `event`: a phase's banner (the first start
+    of its step) and each verdict (a failed task, a rank's non-zero exit) follow the lines that led to
+    them, which the log thread may not have read yet."""
+    if event.kind == "task_started":
+        return first_start
+    return event.kind == "task_failed" or (event.kind == "exit" and event.exit_code != 0)
+
+
+class LogOrder:
+    """Which of the task runner's events wait for the node logs to be drained (drains_logs_first)."""
+
+    def __init__(self) -> None:
+        self._started: set[str] = set()
+
+    def drain_before(self, event: Event) -> bool:
+        first_start = event.kind == "task_started" and event.step not in self._started
+        if first_start:
+            self._started.add(event.step)
+        return drains_logs_first(event, first_start)
 
 
 class _RankLog:
@@ -186,14 +211,23 @@ class NodeLogs:
         """Begin reading `phase`'s logs (its scripts are being started)."""
         self._active.add(phase)
 
-    def drain(self) -> None:
+    def drain(self, reconnect: bool = True) -> None:
         """Read every active log to its current end now, from the caller's thread.
 
-        The engine calls it before the teardown task runs: once the nodes are gone, so are their logs.
+        The engine calls it before a phase's banner and a verdict are told (see LogOrder), so that they
+        follow the lines that led to them, and before the teardown task runs: once the nodes are gone, so
+        are their logs. `reconnect`: also try nodes that stopped answering a moment ago (a lost cloud node
+        may take a connect timeout to say so: not for every verdict of a recovery). A read that fails
+        leaves the lines to the next pass: the view never fails the run.
         """
-        for _ in range(100):
-            if not self._pass(final=True):
-                break
+        if threading.current_thread() is self._thread:
+            return  # an event this thread itself told: it reads the logs anyway
+        try:
+            for _ in range(100):
+                if not self._pass(final=True, reconnect=reconnect):
+                    break
+        except Exception:
+            logger.debug("reading the node logs before an event failed", exc_info=True)
 
     def stop(self) -> None:
         """Stop after one last pass that reads every log to its current end."""
@@ -210,16 +244,18 @@ class NodeLogs:
                 continue
             self._stop.wait(idle)
             idle = min(idle * 1.5, _MAX_IDLE_POLL_S)
-        self.drain()  # whatever the last poll left behind
+        for _ in range(100):  # whatever the last poll left behind
+            if not self._pass(final=True):
+                break
         for log in self._logs:
             if log.tail is not None:
                 log.tail.flush()
 
-    def _pass(self, final: bool = False) -> bool:
+    def _pass(self, final: bool = False, reconnect: bool = True) -> bool:
         with self._polling:
-            return self._read_all(final)
+            return self._read_all(final, reconnect and final)
 
-    def _read_all(self, final: bool) -> bool:
+    def _read_all(self, final: bool, reconnect: bool) -> bool:
         busy = False
         state = self._states.get(self.handle.job_id)
         self._announce_relaunch(state)
@@ -229,7 +265,7 @@ class NodeLogs:
             if final:
                 log.next_check = 0.0
             try:
-                client = self._client(log.rank, final)
+                client = self._client(log.rank, reconnect)
                 if client is None:
                     continue
                 busy = log.poll(client, state) or busy
@@ -261,11 +297,11 @@ class NodeLogs:
                 text = f"{action}: {reason}; relaunching the job as generation {generation}"
                 self._sink(Event("relaunch", "run_follow", None, text))
 
-    def _client(self, rank: int, final: bool = False) -> NodeClient | None:
+    def _client(self, rank: int, reconnect: bool = False) -> NodeClient | None:
         if rank in self._clients:
             return self._clients[rank]
         if rank in self._down_until:
-            if time.monotonic() < self._down_until[rank] and not final:
+            if time.monotonic() < self._down_until[rank] and not reconnect:
                 return None
             self._refresh_node(rank)  # the infra may have replaced it meanwhile (a recovery)
         self._clients[rank] = self.cluster.client(self._nodes[rank], conn_retry_attempts=1)

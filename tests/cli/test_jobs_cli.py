@@ -229,9 +229,10 @@ def test_cancel_of_a_followed_job_is_not_taken_for_an_error_to_restart_on(env, y
 
 
 def launch_files(env: dict[str, str]) -> list[Path]:
-    """The DAG and spec files the CLI writes for a launch (the spec holds the task's secrets)."""
+    """The DAG and spec files the CLI writes for a launch (the spec holds the task's secrets), and the
+    dags folder each launch makes for them."""
     dags = Path(env["AIRFLOW_SKY_HOME"]) / "airflow" / "dags"
-    return sorted(dags.rglob("sky_launch_*")) if dags.is_dir() else []
+    return sorted([*dags.rglob("sky_launch_*"), *dags.glob("launch-*")]) if dags.is_dir() else []
 
 
 def interrupt_and_reattach(

@@ -50,7 +50,9 @@ def _instance_dirs(cluster_name: str) -> list[Path]:
 
 
 def _remove_home(node_dir: Path) -> None:
-    record = layout.read_json(layout.node_record_path(node_dir)) or {}
+    record = layout.read_json(layout.node_record_path(node_dir))
+    if record is None:  # its launch failed before the record was written: the dirs are where it made them
+        record = {"home": layout.short_home(node_dir.name), "tmp": layout.short_tmp(node_dir.name)}
     for key in ("home", "tmp"):
         if record.get(key):
             shutil.rmtree(record[key], ignore_errors=True)
@@ -262,6 +264,23 @@ class LocalCloud(Cloud):
         instance_id = f"local-{uuid.uuid4().hex[:12]}"
         node_dir = layout.instances_dir(cluster_name) / instance_id
         node_dir.mkdir(parents=True)
+        try:
+            self._create_node(cluster_name, node_dir, rank, gpus, still_to_start, freeing)
+        except BaseException:
+            self._retire(cluster_name, instance_id)  # no half-made node dir, home or tmp left behind
+            raise
+        return node_dir
+
+    def _create_node(
+        self,
+        cluster_name: str,
+        node_dir: Path,
+        rank: int,
+        gpus: int,
+        still_to_start: int,
+        freeing: Collection[str],
+    ) -> None:
+        instance_id = node_dir.name
         home, tmp = layout.short_home(instance_id), layout.short_tmp(instance_id)
         home.mkdir(mode=0o700)
         tmp.mkdir(mode=0o700)
@@ -297,7 +316,6 @@ class LocalCloud(Cloud):
                 },
             )
         daemon.spawn_server(node_dir, daemon.marker(cluster_name, instance_id))
-        return node_dir
 
     def _restart(self, cluster_name: str, instance_id: str) -> Path:
         """Start a node that autostop stopped again: same home, address and host key."""
