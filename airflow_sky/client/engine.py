@@ -254,6 +254,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     raise_open_file_limit(task.num_nodes)
     home = prepare_airflow()
     from airflow_sky.client.live import LogOrder, NodeLogs, task_events
+    from airflow_sky.client.queue_watch import QueueWatch
     from airflow_sky.infra.registry import open_cluster
 
     cluster_name = sanitize_cluster_name(options.cluster_name)
@@ -300,8 +301,11 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
             if event.kind == "task_started" and event.step in _STARTS_PHASE and node_logs:
                 node_logs[0].activate(_STARTS_PHASE[event.step])
 
+    queue_watch: list[QueueWatch] = []  # what the job waits for in the cluster's queue, as `queued` events
     try:
         dag_path = write_launch_files(task, options)
+        queue_watch.append(QueueWatch(cluster_name, options.infra, dag_path.stem, sink))
+        queue_watch[0].start()
         with _output_to(log_file), task_events(sink):
             dag = dag_from_spec_file(str(dag_path.with_suffix(".json")))
             dag_run = dag.test()
@@ -309,6 +313,8 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     finally:
         for watcher in node_logs:
             watcher.stop()
+        for watch in queue_watch:
+            watch.stop()
         _end_launch()
         _active.pop("log_file", None)
     return JobOutcome(

@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-EventKind = Literal["job", "task_started", "task_done", "task_failed", "log", "exit", "result", "relaunch"]
+EventKind = Literal[
+    "job", "task_started", "task_done", "task_failed", "log", "exit", "result", "relaunch", "queued"
+]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -151,6 +151,14 @@ def run(
         if listener is not None:
             listener(event)
 
+    if not options.follow and options.must_exist and not in_child:
+        from airflow_sky.gang.cluster_jobs import queue_blockers
+
+        if queue_blockers(cluster_of(options.cluster_name, options.infra), task):
+            # `exec -d` on a busy cluster returns once its job is queued: a background engine waits its turn.
+            from airflow_sky.client.detach import queue_in_background
+
+            return queue_in_background(task, options, on_event)
     outcome = (run_job_in_child if in_child else run_job)(task, options, listener=on_event)
     if (
         options.down
@@ -275,10 +283,12 @@ def tail_logs(
     follow: bool = True,
     output: TextIO | None = None,
     tail: int = 0,
+    on_end: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
     """Print a job's node-prefixed logs (following until it ends); returns 0 if it SUCCEEDED, else 1.
 
-    `tail` > 0: each node's run log from its last `tail` lines, as `sky logs --tail N`.
+    `tail` > 0: each node's run log from its last `tail` lines, as `sky logs --tail N`. `on_end` gets the
+    job's record (its status) once the logs ended.
     """
     out = output or sys.stdout
     lock = threading.Lock()
@@ -289,6 +299,8 @@ def tail_logs(
 
     with _jobs(cluster_name) as cluster_jobs:
         record = cluster_jobs.tail(job_id, emit, follow=follow, tail_lines=tail)
+    if on_end is not None:
+        on_end(record)
     return 0 if record.get("status") == JobStatus.SUCCEEDED else 1
 
 

@@ -154,7 +154,9 @@ def sky_job(
             pipeline=pipeline,
             aws_conn_id=aws_conn_id,
             gcp_conn_id=gcp_conn_id,
-            execution_timeout=None if retry_until_up else STEP_TIMEOUTS["provision"],
+            # An exec provisions nothing; it may wait in the cluster's job queue as long as the jobs before
+            # it run (a launch onto a busy cluster waits within provision's deadline).
+            execution_timeout=None if retry_until_up or must_exist else STEP_TIMEOUTS["provision"],
             **common,
         )
         cluster = provision.output["handle"]  # type: ignore[index]  # a PlainXComArg of another XCom key

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_sky.errors import ClusterError, RemoteError
+from airflow_sky.gang import job_queue
 from airflow_sky.gang import state as js
-from airflow_sky.gang.job import PHASES, JobStatus, Phase
+from airflow_sky.gang.job import PHASES, JobHandle, JobStatus, Phase
 from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.watcher import PhaseWatcher, kill_ranks
 from airflow_sky.infra.base import Node
@@ -27,6 +28,7 @@ from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.log_tail import LogTail
 from airflow_sky.node.logs import node_prefix
+from airflow_sky.task import Task
 
 
 class ClusterJobs:
@@ -138,7 +140,11 @@ class ClusterJobs:
     def cancel(
         self, job_ids: list[int] | None = None, all_jobs: bool = False, reason: str = "airflow-sky cancel"
     ) -> list[int]:
-        """Mark the jobs CANCELLED and kill their process groups on every node; returns the ids cancelled."""
+        """Mark the jobs CANCELLED and kill their process groups on every node; returns the ids cancelled.
+
+        A job still waiting in the queue (PENDING) is only marked: it never starts, and its waiter ends.
+        """
+        self.nodes  # noqa: B018 - a cluster that does not exist is an error, not a job it lacks
         every = self.states.all()
         if all_jobs:
             targets = [s for s in every if not s.status.is_terminal]
@@ -155,7 +161,8 @@ class ClusterJobs:
             state, changed = self.states.update(target.job_id, lambda s: js.cancel(s, reason, time.time()))
             if not changed:
                 continue
-            self._kill(state)
+            if _ever_admitted(state):
+                self._kill(state)
             cancelled.append(state.job_id)
         return cancelled
 
@@ -197,9 +204,14 @@ class ClusterJobs:
         state = self.state(job_id)
         for phase in PHASES if tail_lines <= 0 else ("run",):
             ranks = self.phase_ranks(state, phase)
+            # Without follow, each rank's lines are kept and printed head first, then worker1, ...: the
+            # threads finish in whatever order their nodes answer.
+            kept: dict[int, list[str]] = {rank: [] for rank in ranks}
             threads = [
                 threading.Thread(
-                    target=self._tail_node, args=(state, phase, rank, emit, follow, tail_lines), daemon=True
+                    target=self._tail_node,
+                    args=(state, phase, rank, emit if follow else _keep(kept[rank]), follow, tail_lines),
+                    daemon=True,
                 )
                 for rank in ranks
             ]
@@ -207,11 +219,18 @@ class ClusterJobs:
                 thread.start()
             for thread in threads:
                 thread.join()
+            for rank in ranks:
+                for line in kept[rank]:
+                    emit(rank, line)
         if follow:
             # Every node's log ended; the job's verdict follows within a watcher's round (the launcher or
             # a detached driver writes it): wait for it rather than report a job still RUNNING.
             deadline = time.monotonic() + self.verdict_wait_s
-            while not self._status(state).is_terminal and time.monotonic() < deadline:
+            # A job nobody follows (`exec -d`) gets it from a look at its nodes (refresh).
+            while (
+                not self.refresh(self.states.get(state.job_id) or state).status.is_terminal
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.5)
         return self.record(state.job_id)
 
@@ -320,6 +339,10 @@ class ClusterJobs:
         )
 
 
+def _keep(lines: list[str]) -> Callable[[int, str], None]:
+    return lambda rank, line: lines.append(line)
+
+
 def _phase_over(status: JobStatus, phase: Phase) -> bool:
     """Has the job moved past `phase` (so a phase that never started never will)?"""
     if phase == "setup":
@@ -359,6 +382,32 @@ def _copy_log(client: NodeClient, job: str, generation: int, path: Path) -> bool
                 return True
     path.unlink()
     return False
+
+
+def _ever_admitted(state: js.JobState) -> bool:
+    """Could the job have started anything on its nodes? A job that waited in the queue until its cancel
+    did not (its start reads the CANCELLED status first), so there is nothing to kill."""
+    entry = state.info.get(job_queue.QUEUE_INFO_KEY)
+    return not isinstance(entry, dict) or job_queue.is_admitted(state) or "reason" not in entry
+
+
+def wait_in_queue(
+    cluster: Cluster, task: Task, handle: JobHandle, runs_setup: bool, say: Callable[[str], None]
+) -> None:
+    """Wait in the cluster's job queue until the nodes `task` needs are free (gang.job_queue); a running
+    job it waits for whose launcher is gone gets its end written by a look at its nodes (refresh)."""
+    demand = job_queue.demand_of(task, handle.nodes, runs_setup)
+    capacity = {n.rank: float(n.gpus) for n in handle.nodes}
+    with ClusterJobs(cluster) as view:
+        job_queue.wait_for_turn(view.states, handle.job_id, demand, capacity, say, refresh=view.refresh)
+
+
+def queue_blockers(cluster: Cluster, task: Task) -> dict[int, tuple[int, ...]]:
+    """The jobs an exec of `task` submitted now would wait for, with the ranks they share (a look)."""
+    nodes = cluster.nodes()
+    demand = job_queue.demand_of(task, nodes, runs_setup=False)
+    capacity = {n.rank: float(n.gpus) for n in nodes}
+    return job_queue.ahead_of_new_job(job_states(cluster), demand, capacity)
 
 
 def job_nodes_of(state: js.JobState) -> list[Node]:

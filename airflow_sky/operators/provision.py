@@ -7,6 +7,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_sky.gang.cluster_jobs import wait_in_queue
 from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.phases import check_exec_nodes, register_job
 from airflow_sky.gang.state import ClusterClosing
@@ -127,6 +128,9 @@ class SkyProvisionOperator(SkyBaseOperator):
                 hook.terminate()
             raise
         self.log.info("Job %d on cluster %s (SKYPILOT_TASK_ID=%s)", handle.job_id, name, handle.sky_task_id)
+        # The cluster's job queue: the job starts once no earlier job needs its nodes (gang.job_queue).
+        runs_setup = not self.must_exist and self.sky_task.setup is not None
+        wait_in_queue(hook.cluster, self.sky_task, handle, runs_setup, self.log.info)
         workdir = self.sky_task.workdir
         if isinstance(workdir, GitWorkdir) and handle.git_commit is not None:
             # Pinned once for the job: every node (and a recovery's replacement) checks out this commit.

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO, cast
 
@@ -142,6 +143,7 @@ def terminal_console() -> Console:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    check_job_ids(args.cluster, [args.job_id])
     from airflow_sky.client import sdk
     from airflow_sky.client.cli import PipeSafeOutput
 
@@ -161,10 +163,43 @@ def _logs(args: argparse.Namespace) -> int:
         print(f"Job {job_id} logs ({len(files)} files): {folder}")
         return 0
     output = cast(TextIO, PipeSafeOutput(sys.stdout))
-    return sdk.tail_logs(args.cluster, args.job_id, follow=not args.no_follow, output=output, tail=args.tail)
+
+    def ended(record: dict[str, Any]) -> None:
+        print(end_line(record, args.cluster), file=output, flush=True)
+
+    return sdk.tail_logs(
+        args.cluster,
+        args.job_id,
+        follow=not args.no_follow,
+        output=output,
+        tail=args.tail,
+        on_end=None if args.no_follow else ended,
+    )
+
+
+def check_job_ids(cluster: str, job_ids: Sequence[int | None]) -> None:
+    """Job ids are positive (`queue` lists them): anything else is one line, not a lookup."""
+    bad = next((j for j in job_ids if j is not None and j < 1), None)
+    if bad is not None:
+        raise SpecError(f"job id: must be a positive integer (see `airflow-sky queue {cluster}`), got {bad}")
+
+
+def end_line(record: dict[str, Any], cluster: str) -> str:
+    """The last line of a followed `logs`, as `launch` ends: the job's status, and what failed."""
+    job, status = record.get("job_id"), str(record.get("status"))
+    if status == "SUCCEEDED":
+        return f"✓ Job {job} on {cluster} SUCCEEDED"
+    if status in ("FAILED", "FAILED_SETUP"):
+        rank, code = record.get("failed_rank"), record.get("failed_exit_code")
+        cause = f": rank {rank} failed with exit code {code}" if rank is not None and rank >= 0 else ""
+        return f"✗ Job {job} on {cluster} {status}{cause}"
+    if status == "CANCELLED":
+        return f"✗ Job {job} on {cluster} CANCELLED"
+    return f"Job {job} on {cluster} is still {status} (its logs ended); see `airflow-sky queue {cluster}`"
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    check_job_ids(args.cluster, args.job_ids)
     from airflow_sky.client import sdk
 
     cancelled = sdk.cancel(args.cluster, args.job_ids or None, all=args.all)

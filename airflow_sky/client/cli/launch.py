@@ -185,6 +185,7 @@ def _run(
         setup=bool(options.setup and task.setup is not None),
     )
     job: dict[str, Any] = {}
+    queued: dict[str, Any] = {}  # the job while it waits in the cluster's queue (before the `job` event)
     main_pid = os.getpid()
 
     def detach(signum: int, frame: Any) -> None:
@@ -203,7 +204,11 @@ def _run(
                 if job.get("job_id") is not None and log_file is not None:
                     driver = hand_over(task, dict(job), options.setup, options.down, log_file)
                 show_cursor = "\x1b[?25h" if console.is_terminal else ""  # the live status hid it
-                message = _detach_message(job, options.cluster_name, options.down, driver, log_file)
+                message = (
+                    _cancel_queued(int(queued["job_id"]), options.cluster_name)
+                    if job.get("job_id") is None and queued.get("job_id") is not None
+                    else _detach_message(job, options.cluster_name, options.down, driver, log_file)
+                )
                 os.write(console.file.fileno(), (show_cursor + message).encode())
         finally:
             os._exit(130)
@@ -211,6 +216,8 @@ def _run(
     def listener(event: Any) -> None:
         if event.kind == "job":
             job.update(event.data)
+        if event.kind == "queued":
+            queued.update(event.data)
         printer(event)
 
     previous = signal.signal(signal.SIGINT, detach)
@@ -222,11 +229,16 @@ def _run(
         signal.signal(signal.SIGINT, previous)
         printer.close()
     if not options.follow and outcome.job_id is not None:
+        verb = (
+            "queued (PENDING; it starts once the nodes it needs are free)"
+            if outcome.state == "queued"
+            else "started"
+        )
         console.print(
-            f"Job {outcome.job_id} started on {outcome.cluster_name}. Follow it: airflow-sky logs "
+            f"Job {outcome.job_id} {verb} on {outcome.cluster_name}. Follow it: airflow-sky logs "
             f"{outcome.cluster_name} {outcome.job_id}; status: airflow-sky logs --status {outcome.cluster_name} {outcome.job_id}"
         )
-        return 0 if outcome.state == "success" else 1
+        return 0 if outcome.state in ("success", "queued") else 1
     print_summary(console, outcome, started_at, _queue_status(outcome, options))
     if not options.down and outcome.job_id is not None:
         autostop = task.resources.autostop
@@ -251,6 +263,21 @@ def _queue_status(outcome: Any, options: Any) -> str | None:
     except SkyError:
         return None
     return status.value if status is not None else None
+
+
+def _cancel_queued(job_id: int, cluster: str) -> str:
+    """Ctrl-C while the job waits in the queue: nothing would start it once this process is gone."""
+    from airflow_sky.client import sdk
+    from airflow_sky.errors import SkyError
+
+    try:
+        sdk.cancel(cluster, [job_id])
+    except SkyError as e:
+        return f"\nInterrupted while job {job_id} waited in the queue; cancelling it failed: {e}\n"
+    return (
+        f"\nInterrupted while job {job_id} waited in the queue (PENDING): cancelled it, it never started. "
+        f"`airflow-sky exec -d` queues a job and returns.\n"
+    )
 
 
 def _detach_message(

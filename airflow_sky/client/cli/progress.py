@@ -82,6 +82,8 @@ class ProgressPrinter:
             line = Text(prefix + ")", style=style)
             line.append(" " + rest)
             self.console.print(line, highlight=False, soft_wrap=True)
+        elif event.kind == "queued":
+            self.console.print(f"[bold yellow]⏳ {event.text}[/]", highlight=False)
         elif event.kind == "relaunch":
             self.console.print(f"[bold yellow]⟳ {event.text}[/]", highlight=False)
         elif event.kind == "task_failed" and not event.step.endswith("_follow"):
