@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow_home
 TEST_WORKERS ?= 5
 
-.PHONY: bootstrap bootstrap-tests demo test lint typecheck unit bench
+.PHONY: bootstrap bootstrap-tests demo test lint typecheck unit bench screenshots
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -34,3 +34,8 @@ unit:
 
 bench: bootstrap
 	$(BIN)/python bench/run_all.py
+
+## Refreshes the UI screenshots in docs/img from a real Celery deployment (the test suite writes no tracked files).
+screenshots: bootstrap-tests
+	AIRFLOW_SKY_DOCS_SCREENSHOTS=1 $(BIN)/pytest -q -p no:cacheprovider \
+		"tests/deploy/test_celery_deployment.py::test_the_ui_renders_the_grid_and_a_rank_log_in_a_real_browser"

@@ -228,7 +228,7 @@ class _FakeLogClient:
     def __init__(self, log: bytes) -> None:
         self.log = log
 
-    def read_file(self, path: str) -> bytes | None:
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes | None:
         return b"0\n" if path.endswith("exit_code") else None
 
     def read_range(self, path: str, offset: int, max_bytes: int) -> tuple[bytes, int]:

@@ -348,7 +348,21 @@ def _screenshot(url: str, out: Path, profile: Path) -> str:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         return "chromium is not installed"
-    shot = subprocess.run(
+    try:
+        shot = _chromium_screenshot(chromium, url, out, profile)
+    except subprocess.TimeoutExpired:
+        return "chromium took over 300 s (a loaded machine): no screenshot"
+    return (
+        ""
+        if shot.returncode == 0 and out.exists()
+        else f"chromium exited {shot.returncode}: {shot.stderr[-500:]}"
+    )
+
+
+def _chromium_screenshot(
+    chromium: str, url: str, out: Path, profile: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [
             chromium,
             "--headless",
@@ -368,12 +382,7 @@ def _screenshot(url: str, out: Path, profile: Path) -> str:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
-    )
-    return (
-        ""
-        if shot.returncode == 0 and out.exists()
-        else f"chromium exited {shot.returncode}: {shot.stderr[-500:]}"
+        timeout=300,
     )
 
 
@@ -460,6 +469,7 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
         follow = f"{shots['group']}.run_follow"
         out = Path(shots["dir"])
         out.mkdir(parents=True, exist_ok=True)
+        report["screenshots_dir"] = str(out)
         report["screenshots"] = {
             "grid": _screenshot(f"{API}/dags/{dag_id}/runs/{run_id}", out / "grid.png", root / "chromium"),
             "log": _screenshot(
