@@ -56,7 +56,7 @@ def _render(jobs: list[ManagedJob], width: int) -> list[str]:
     return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
 
 
-def test_jobs_queue_fits_80_columns_with_whole_ids_headers_statuses_and_short_times():
+def test_jobs_queue_fits_80_columns_with_whole_ids_headers_statuses_and_short_times() -> None:
     lines = _render(JOBS, 80)
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
     header, *rows = lines
@@ -72,7 +72,7 @@ def test_jobs_queue_fits_80_columns_with_whole_ids_headers_statuses_and_short_ti
     assert "2d ago" in cancelled and "1d 1h" in cancelled and cancelled.split()[-1] == "CANCELLED"
 
 
-def test_jobs_queue_drops_columns_before_it_cuts_an_id_or_a_status():
+def test_jobs_queue_drops_columns_before_it_cuts_an_id_or_a_status() -> None:
     refused = _job("sky-job-20261203-115900-ffffff", "hostile", "FAILED_PRECHECKS", 30, 5)
     lines = _render([*JOBS, refused], 80)
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
@@ -80,7 +80,7 @@ def test_jobs_queue_drops_columns_before_it_cuts_an_id_or_a_status():
     assert lines[-1].split()[0] == refused.job_id and lines[-1].split()[-2:] == ["0", "FAILED_PRECHECKS"]
 
 
-def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole():
+def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole() -> None:
     lines = _render(JOBS, 200)
     assert lines[0].split() == [
         "ID",
@@ -106,14 +106,14 @@ def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole():
     ]
 
 
-def test_the_cluster_queue_says_cancelled_for_a_cancelled_job_not_its_rank_minus_one():
+def test_the_cluster_queue_says_cancelled_for_a_cancelled_job_not_its_rank_minus_one() -> None:
     cancelled = {"status": "CANCELLED", "failed_rank": -1, "failed_exit_code": 143}
     assert failure_of(cancelled) == "cancelled"
     assert failure_of({"status": "FAILED", "failed_rank": 1, "failed_exit_code": 4}) == "rank 1: exit 4"
     assert failure_of({"status": "SUCCEEDED"}) == "-"
 
 
-def test_the_managed_jobs_dag_is_created_unpaused_whatever_airflow_pauses_by_default():
+def test_the_managed_jobs_dag_is_created_unpaused_whatever_airflow_pauses_by_default() -> None:
     from airflow_sky.dags.managed import managed_jobs_dag
 
     assert managed_jobs_dag().is_paused_upon_creation is False
@@ -180,7 +180,7 @@ def task_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_jobs_launch_on_a_paused_dag_is_refused_in_one_line_naming_the_unpause_command(
     airflow_with, task_file, capsys
-):
+) -> None:
     requests = airflow_with({"dag_id": "airflow_sky_jobs", "is_paused": True, "is_stale": False})
     assert main(["jobs", "launch", str(task_file), "-d"]) == 2
     out, err = capsys.readouterr()
@@ -194,7 +194,7 @@ def test_jobs_launch_on_a_paused_dag_is_refused_in_one_line_naming_the_unpause_c
 @pytest.mark.parametrize("dag", [None, {"dag_id": "airflow_sky_jobs", "is_paused": False, "is_stale": True}])
 def test_jobs_launch_without_a_deployed_dag_is_refused_in_one_line_saying_how_to_deploy_it(
     airflow_with, task_file, capsys, dag
-):
+) -> None:
     requests = airflow_with(dag)
     assert main(["jobs", "launch", str(task_file), "-d"]) == 2
     _, err = capsys.readouterr()

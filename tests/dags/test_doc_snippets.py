@@ -26,7 +26,7 @@ def dag_snippet(path: Path) -> str:
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_every_python_block_of_the_docs_parses(path: Path):
+def test_every_python_block_of_the_docs_parses(path: Path) -> None:
     for block in python_blocks(path):
         try:
             ast.parse(block)
@@ -37,7 +37,7 @@ def test_every_python_block_of_the_docs_parses(path: Path):
 @pytest.mark.parametrize("doc", ["README.md", "docs/user-guide.md"])
 def test_the_dag_snippet_imports_in_a_dag_folder_and_hands_the_result_to_evaluate(
     doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+) -> None:
     folder = tmp_path / "dags"
     folder.mkdir()
     (folder / "train.py").write_text(dag_snippet(REPO / doc))

@@ -2,6 +2,8 @@
 
 Runs inside a private network namespace (see stack.py). The scenario, as a user would go through it:
 
+0. the stack keeps Airflow's default `dags_are_paused_at_creation = True`, and the managed jobs DAG comes up
+   unpaused all the same; paused by hand, `jobs launch` refuses in one line naming `airflow dags unpause`;
 1. a bad task is refused by `jobs launch` locally: nothing reaches Airflow (no run, no Variable); two hostile
    confs posted straight to the REST API (the worker's own file as a file_mount; an infra the deployment
    does not allow) fail their spec task with the policy's line, no node started (checked at the end);
@@ -161,6 +163,7 @@ def scenario(
 
     bad = _cli(env, "jobs", "launch", str(probe / "bad.yaml"))
     report["bad"] = {"rc": bad.returncode, "output": bad.stdout + bad.stderr}
+    _paused_dag_refuses_launches(env, probe, client, report)
     report["runs_after_bad"] = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
     _post_hostile(client, probe)
 
@@ -174,7 +177,7 @@ def scenario(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    _until("both ranks of the first job to run", lambda: len(_starts(probe, "starts")) >= 2, 300, report)
+    _until("both ranks of the first job to run", lambda: len(_starts(probe, "starts")) >= 2, 480, report)
     _until("the CLI to print a rank's line", lambda: "gen 0" in out_path.read_text(), 60, report)
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
@@ -197,7 +200,7 @@ def scenario(
 
     _until("the first job to end", ended, 420, report, poll_s=0.5)
     report["train_statuses"] = seen
-    report["train_queue"] = _cli(env, "jobs", "queue").stdout
+    report["train_queue"] = _cli(env, "jobs", "queue").stdout  # not a terminal: 80 columns
     logs = _cli(env, "jobs", "logs", job_id, "--no-follow")
     report["train_logs"] = logs.stdout + logs.stderr
     report["train_starts"] = _starts(probe, "starts")
@@ -271,6 +274,22 @@ def scenario(
     ]
 
 
+def _paused_dag_refuses_launches(
+    env: dict[str, str], probe: Path, client: httpx.Client, report: dict[str, Any]
+) -> None:
+    """The DAG came up unpaused on a stack that pauses new DAGs; paused by hand, `jobs launch` refuses, naming
+    the command that unpauses it (then it is unpaused again for the rest of the scenario)."""
+    dag = "/api/v2/dags/airflow_sky_jobs"
+    report["paused_at_start"] = _get(client, dag).json()["is_paused"]
+    (probe / "paused.yaml").write_text("name: paused\nrun: echo never\n")
+    _request(client, "PATCH", dag, json={"is_paused": True}).raise_for_status()
+    try:
+        refused = _cli(env, "jobs", "launch", str(probe / "paused.yaml"), "--detach")
+    finally:
+        _request(client, "PATCH", dag, json={"is_paused": False}).raise_for_status()
+    report["paused"] = {"rc": refused.returncode, "stdout": refused.stdout, "stderr": refused.stderr}
+
+
 def _post_hostile(client: httpx.Client, probe: Path) -> None:
     """Trigger the hostile confs through the REST API, as the UI or any API user can."""
     (probe / "worker-key").write_text(WORKER_KEY + "\n")
@@ -306,6 +325,29 @@ def _refusal(
     }
 
 
+def _where_runs_are(client: httpx.Client) -> Any:
+    """Whether the DAG is paused, and each run's state and task states: what a failed scenario waited on."""
+    try:
+        runs = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["dag_runs"]
+        return {
+            "paused": _get(client, "/api/v2/dags/airflow_sky_jobs").json().get("is_paused"),
+            "runs": {
+                run["dag_run_id"]: [
+                    run["state"],
+                    sorted(
+                        f"{ti['task_id']}[{ti['map_index']}]={ti['state']}"
+                        for ti in _get(
+                            client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{run['dag_run_id']}/taskInstances"
+                        ).json()["task_instances"]
+                    ),
+                ]
+                for run in runs
+            },
+        }
+    except Exception as e:  # (the stack may be what broke)
+        return f"{type(e).__name__}: {e}"
+
+
 def main(config_path: str, report_path: str) -> int:
     config = json.loads(Path(config_path).read_text())
     home, probe = Path(config["home"]), Path(config["probe"])
@@ -320,6 +362,9 @@ def main(config_path: str, report_path: str) -> int:
     env = _stack_env(home)
     env.update(
         {
+            # Airflow's default (the suite's other stacks turn it off): the managed jobs DAG must come up
+            # unpaused by itself.
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW_CONN_AWS_DEFAULT": s3.connection,
             "AIRFLOW__SKY__JOBS_BUCKET": f"s3://{JOBS_BUCKET}/{JOBS_PREFIX}",
             # These jobs run on local nodes: the deployment opts in (the default refuses local in a conf).
@@ -336,8 +381,8 @@ def main(config_path: str, report_path: str) -> int:
         )
     report: dict[str, Any] = {"log": str(log)}
     started = time.monotonic()
+    client = httpx.Client(base_url=API, timeout=30)
     try:
-        client = httpx.Client(base_url=API, timeout=30)
         token = _wait_for(
             "the API server", lambda: client.get("/auth/token").json()["access_token"], 240, stack, log
         )
@@ -365,6 +410,7 @@ def main(config_path: str, report_path: str) -> int:
         scenario(cli_env, probe, client, report, s3)
     except Exception as e:  # the report carries the failure to the test, with the stack's log
         report["error"] = f"{type(e).__name__}: {e}"
+        report["at_error"] = _where_runs_are(client)
     finally:
         report["run_s"] = time.monotonic() - started
         stop_stack(stack)

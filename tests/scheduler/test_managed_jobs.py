@@ -1,8 +1,9 @@
 """Managed jobs on a real Airflow (`airflow standalone` in a private network namespace), through the CLI.
 
-See jobs_driver.py for the scenario: a bad task refused locally; hostile run confs refused by the
-deployment's policy; a job launched from the CLI, the CLI killed,
-a node preempted, the job recovered by Airflow alone; a second job cancelled with nothing left running; a
+See jobs_driver.py for the scenario, on Airflow's default `dags_are_paused_at_creation = True` (the DAG
+comes up unpaused; paused by hand, `jobs launch` refuses naming the fix): a bad task refused locally;
+hostile run confs refused by the deployment's policy; a job launched from the CLI, the CLI killed, a node
+preempted, the job recovered by Airflow alone; a second job cancelled with nothing left running; a
 pipeline; a job whose local workdir and file went through the jobs bucket (moto's S3 in the namespace).
 """
 
@@ -19,7 +20,7 @@ from tests.scheduler.stack import run_in_private_network, terminate_clusters
 DRIVER = Path(__file__).with_name("jobs_driver.py")
 
 
-def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelled_one_leaves_no_node(
+def test_a_managed_job_starts_on_a_fresh_stack_outlives_its_cli_recovers_a_preempted_node_and_a_cancelled_one_leaves_no_node(
     tmp_path: Path,
 ):
     home = tmp_path / "airflow"
@@ -37,7 +38,13 @@ def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelle
 
         # A bad task never reaches Airflow.
         assert report["bad"]["rc"] == 2 and "num_nodes" in report["bad"]["output"], context
-        assert report["runs_after_bad"] == 0, context
+        # Airflow pauses new DAGs here (its default), but not this one; paused, a launch is refused with the fix.
+        assert report["paused_at_start"] is False, context
+        paused = report["paused"]
+        assert paused["rc"] == 2 and "submitted" not in paused["stdout"], context
+        (line,) = paused["stderr"].strip().splitlines()  # one line, no traceback
+        assert "is paused" in line and "`airflow dags unpause airflow_sky_jobs`" in line, context
+        assert report["runs_after_bad"] == 0, context  # neither the bad task nor the paused launch made a run
 
         # The CLI followed the job until it was killed; the job went on without it and recovered.
         assert "rank 0 gen 0 token=***" in report["launch_output"] or "gen 0" in report["launch_output"], (
@@ -48,6 +55,8 @@ def test_a_managed_job_outlives_its_cli_recovers_a_preempted_node_and_a_cancelle
         assert sorted(report["train_starts"]) == ["0 0", "0 1", "1 0", "1 1"], context  # once per generation
         queue_line = next(line for line in report["train_queue"].splitlines() if report["train_job"] in line)
         assert queue_line.split()[-2:] == ["1", "SUCCEEDED"], queue_line  # one recovery
+        assert max(map(len, report["train_queue"].splitlines())) <= 80, report["train_queue"]
+        assert "…" not in report["train_queue"].splitlines()[0], report["train_queue"]  # whole headers
         logs = report["train_logs"]
         for rank in (0, 1):
             for gen in (0, 1):
