@@ -411,7 +411,11 @@ class NodeClient:
                 raise FileTooLarge(remote_path, size, max_bytes)
             try:
                 with sftp.open(remote_path, "rb") as f:
-                    # The size the lstat saw: one request, and a file growing meanwhile is cut there.
+                    # The size of the file opened (fstat), not the lstat's: a record replaced by rename in
+                    # between (a state store's write) is read whole. One request; growth meanwhile is cut.
+                    size = self._opened_size(f, remote_path)
+                    if size > max_bytes:
+                        raise FileTooLarge(remote_path, size, max_bytes)
                     return _read_bounded(f, size, remote_path)
             except FileNotFoundError:
                 return None
@@ -431,10 +435,22 @@ class NodeClient:
                 return b"", size
             try:
                 with sftp.open(remote_path, "rb") as f:
+                    size = self._opened_size(f, remote_path)  # the file opened, should it be replaced
+                    want = min(max_bytes, MAX_RANGE_BYTES, size - offset)
+                    if want <= 0:
+                        return b"", size
                     f.seek(offset)
                     return _read_bounded(f, want, remote_path), size
             except FileNotFoundError:
                 return None
+
+    def _opened_size(self, f: paramiko.SFTPFile, remote_path: str) -> int:
+        """The size of the file `f` has open (fstat); it must be a regular file too."""
+        attrs = f.stat()
+        mode = attrs.st_mode or 0
+        if not stat.S_ISREG(mode):
+            raise UnsafeRemoteFile(remote_path, _kind(mode), self.node.rank)
+        return attrs.st_size or 0
 
     def _regular_size(self, sftp: paramiko.SFTPClient, remote_path: str) -> int | None:
         """The size of a regular file at `remote_path` (lstat: a symlink is not followed), None if absent."""
