@@ -249,12 +249,6 @@ _CONNECTIONS: dict[tuple[Any, ...], _Connection] = {}
 _CONNECTIONS_LOCK = threading.Lock()
 
 
-def open_connections() -> int:
-    """How many node connections this process holds open now (for tests and benchmarks)."""
-    with _CONNECTIONS_LOCK:
-        return sum(1 for c in _CONNECTIONS.values() if c.client is not None)
-
-
 class NodeClient:
     """Exec, streaming exec and SFTP on one node over this process's shared connection to it. Thread-safe."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 JOBS_DIR = ".airflow_sky/jobs"  # the job records: ~/.airflow_sky/jobs/<job_id>/
-QUEUE_DIR = ".airflow_sky/queue"  # the cluster's job queue, on the head
 MOUNTS_DIR = ".airflow_sky/mounts"  # bucket mounts and their rclone config (node.rclone)
 WORKDIR = "sky_workdir"  # SkyPilot's ~/sky_workdir: the synced workdir, where scripts run
 

@@ -35,10 +35,6 @@ class Node:
     console_url: str | None = None  # the machine's page in its cloud's console (an extra link in the UI)
 
     @property
-    def is_head(self) -> bool:
-        return self.rank == 0
-
-    @property
     def known_hosts_line(self) -> str | None:
         """The node's pinned host key as an OpenSSH known_hosts line (`[host]:port` off port 22), or None."""
         if not self.host_key:

@@ -77,16 +77,6 @@ def local_rsync() -> bool:
     return shutil.which("rsync") is not None and shutil.which("ssh") is not None
 
 
-def rsync_available(client: NodeClient) -> bool:
-    """Both ends have rsync (asked once per connection: a workdir and several mounts sync in a row)."""
-    if not local_rsync():
-        return False
-    if client.remote_has_rsync is None:
-        rc, _, _ = client.exec("command -v rsync >/dev/null", timeout=30)
-        client.remote_has_rsync = rc == 0
-    return client.remote_has_rsync
-
-
 class NoRemoteRsync(RemoteError):
     """The node has no rsync (its shell could not find the command)."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.node.client import NodeClient
-from airflow_sky.node.paths import JOBS_DIR, QUEUE_DIR
+from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.node.shell_reads import READ_SMALL
 
 LOCK_PATH = ".airflow_sky/host.lock"  # relative to the login user's home (what SFTP sees)
@@ -173,7 +173,7 @@ for p in "$HOME"/{JOBS_DIR}/*/gen-*/pid; do
   case "$pid" in ''|*[!0-9]*|0|1) continue;; esac
   kill -9 -- "-$pid" 2>/dev/null || true
 done
-rm -rf -- "$HOME"/{JOBS_DIR} "$HOME"/{QUEUE_DIR}
+rm -rf -- "$HOME"/{JOBS_DIR}
 """
 
 
