@@ -19,7 +19,7 @@ from typing import Any
 from airflow_sky.errors import ClusterError, RemoteError
 from airflow_sky.gang import job_queue
 from airflow_sky.gang import state as js
-from airflow_sky.gang.job import PHASES, JobHandle, JobStatus, Phase
+from airflow_sky.gang.job import PHASES, JobHandle, JobStatus, Phase, remote_job_id
 from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.watcher import PhaseWatcher, kill_ranks
 from airflow_sky.infra.base import Node
@@ -112,7 +112,7 @@ class ClusterJobs:
             state, _ = self.states.update(state.job_id, lambda s: js.take_watch(s, key, self.owner, stale))
             if state.watcher(key) != self.owner:
                 return state
-            nodes = [n for n in job_nodes_of(state) if n.rank in self.phase_ranks(state, phase)]
+            nodes = [n for n in state.job_nodes if n.rank in self.phase_ranks(state, phase)]
             watcher = PhaseWatcher(self.cluster, self.states, state.job_id, phase, generation, nodes)
             try:
                 state = watcher.round(state)
@@ -168,7 +168,7 @@ class ClusterJobs:
 
     def _kill(self, state: js.JobState) -> None:
         """Every rank of every phase, whoever else watches: a cancel must not wait for a watcher round."""
-        nodes = {n.rank: n for n in job_nodes_of(state)}
+        nodes = {n.rank: n for n in state.job_nodes}
         for phase in PHASES:
             generations = {0, state.generation}
             ranks = self.phase_ranks(state, phase)
@@ -178,7 +178,7 @@ class ClusterJobs:
                 for generation in sorted(generations):
                     kill_ranks(
                         clients,
-                        f"{state.job_id}-{phase}",
+                        remote_job_id(state.job_id, phase),
                         generation,
                         sig=signal.SIGTERM,
                         grace_s=5.0,
@@ -243,8 +243,8 @@ class ClusterJobs:
         follow: bool,
         tail_lines: int = 0,
     ) -> None:
-        job = f"{state.job_id}-{phase}"
-        node = next((n for n in job_nodes_of(state) if n.rank == rank), None) or next(
+        job = remote_job_id(state.job_id, phase)
+        node = next((n for n in state.job_nodes if n.rank == rank), None) or next(
             n for n in self.nodes if n.rank == rank
         )
         client = self.cluster.client(node)
@@ -301,7 +301,7 @@ class ClusterJobs:
         name = str(state.info.get("name") or "job")
         target = folder / f"{state.job_id}-{name}"
         target.mkdir(parents=True, exist_ok=True)
-        nodes = {n.rank: n for n in job_nodes_of(state)}
+        nodes = {n.rank: n for n in state.job_nodes}
         written: list[Path] = []
         for phase in PHASES:
             for rank in self.phase_ranks(state, phase):
@@ -310,7 +310,7 @@ class ClusterJobs:
                 path = target / (f"setup-{role}.log" if phase == "setup" else f"{rank}-{role}.log")
                 client = self.cluster.client(nodes.get(rank) or next(n for n in self.nodes if n.rank == rank))
                 try:
-                    if _copy_log(client, f"{state.job_id}-{phase}", generation, path):
+                    if _copy_log(client, remote_job_id(state.job_id, phase), generation, path):
                         written.append(path)
                 finally:
                     client.close()
@@ -326,7 +326,7 @@ class ClusterJobs:
         """The generation of `rank`'s phase job to show (the job state's), once it has started on the node."""
         current = self.states.get(state.job_id) or state
         generation = current.generation if phase == "run" else current.setup_generation(rank)
-        poll = jobs.read_job(client, f"{state.job_id}-{phase}", generation, 0, max_bytes=0)
+        poll = jobs.read_job(client, remote_job_id(state.job_id, phase), generation, 0, max_bytes=0)
         return None if poll.missing else generation
 
     def _stuck_message(self, state: js.JobState, node: Node, phase: Phase, status: JobStatus) -> str:
@@ -408,10 +408,6 @@ def queue_blockers(cluster: Cluster, task: Task) -> dict[int, tuple[int, ...]]:
     demand = job_queue.demand_of(task, nodes, runs_setup=False)
     capacity = {n.rank: float(n.gpus) for n in nodes}
     return job_queue.ahead_of_new_job(job_states(cluster), demand, capacity)
-
-
-def job_nodes_of(state: js.JobState) -> list[Node]:
-    return [Node.from_dict(n) for n in state.nodes]
 
 
 def _killed(state: js.JobState, phase: Phase, generation: int) -> js.JobState:

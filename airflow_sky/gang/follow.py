@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang import state as js
-from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase
+from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase, remote_job_id
 from airflow_sky.gang.watch_lease import WatchHold
 from airflow_sky.gang.watcher import PhaseWatcher, Triage, fail_always
 from airflow_sky.infra.base import Node
@@ -81,7 +81,7 @@ class RankFollower:
         self.own: NodeClient = cluster.client(node, conn_retry_attempts=1)
         self.tail = LogTail(
             self.own,
-            f"{job_id}-{phase}",
+            remote_job_id(job_id, phase),
             generation,
             phase == "setup",
             emit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from airflow_sky.infra.base import Node
@@ -14,6 +15,16 @@ PHASES: tuple[Phase, ...] = ("setup", "run")
 
 # The exit code recorded for a rank killed because another failed (SIGKILL), as SkyPilot reports it.
 KILLED_EXIT_CODE = 137
+
+
+def remote_job_id(job_id: int, phase: Phase) -> str:
+    """The directory name of a job's phase record on each node, e.g. `3-run` (built here, nowhere else)."""
+    return f"{int(job_id)}-{phase}"
+
+
+def nodes_of(records: Iterable[Mapping[str, Any]]) -> tuple[Node, ...]:
+    """Nodes from their dict form (Node.to_dict()), as the job state, XCom and trigger kwargs carry them."""
+    return tuple(Node.from_dict(dict(record)) for record in records)
 
 
 class JobStatus(enum.StrEnum):
@@ -58,7 +69,7 @@ class JobHandle:
 
     def remote_job_id(self, phase: Phase) -> str:
         """The job record's directory name on each node, e.g. `3-run`."""
-        return f"{self.job_id}-{phase}"
+        return remote_job_id(self.job_id, phase)
 
     def node(self, rank: int) -> Node:
         return next(n for n in self.nodes if n.rank == rank)
@@ -88,7 +99,7 @@ class JobHandle:
             infra=data["infra"],
             job_id=int(data["job_id"]),
             sky_task_id=data["sky_task_id"],
-            nodes=tuple(Node.from_dict(n) for n in data.get("nodes") or ()),
+            nodes=nodes_of(data.get("nodes") or ()),
             num_run_nodes=int(data["num_run_nodes"]),
             generation=int(data.get("generation", 0)),
             sky_task_ids=tuple(data.get("sky_task_ids") or ()),

@@ -24,7 +24,6 @@ from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
 from airflow_sky.node.client import FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.git_workdir import resolve_commit
-from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import GitWorkdir, Task, envs
 from airflow_sky.task.diagnostics import did_you_mean
 from airflow_sky.task.redaction import redact_json
@@ -187,7 +186,7 @@ def register_job(
         infra=cluster.infra,
         job_id=state.job_id,
         sky_task_id=sky_task_id,
-        nodes=tuple(Node.from_dict(n) for n in state.nodes),
+        nodes=state.job_nodes,
         num_run_nodes=task.num_nodes,
         sky_task_ids=tuple(state.info.get("sky_task_ids") or pipeline_task_ids),
         git_commit=state.info.get("git_commit") or git_commit,
@@ -326,7 +325,7 @@ def read_result(client: NodeClient, handle: JobHandle, redact: Callable[[str], s
     try:
         return redact_json(json.loads(raw), redact)
     except json.JSONDecodeError as e:
-        path = f"~/{JOBS_DIR}/{job_id}/xcom/return.json"
+        path = f"~/{jobs.xcom_path(job_id)}"
         raise JobFailed(
             f"rank {node.rank} ({node.internal_ip}): {path} is not valid JSON: {e}", rank=node.rank
         ) from e

@@ -48,7 +48,7 @@ RELAUNCH_RETRY_DELAY_S = 5.0
 def job_nodes(handle: JobHandle, state: js.JobState | None) -> tuple[Node, ...]:
     """The job's nodes as of its current generation (the provisioned ones until a recovery replaced some)."""
     if state is not None and state.nodes:
-        return tuple(Node.from_dict(n) for n in state.nodes)
+        return state.job_nodes
     return handle.nodes
 
 

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from airflow_sky.errors import RemoteError
 from airflow_sky.gang import state as js
-from airflow_sky.gang.job import KILLED_EXIT_CODE, Phase
+from airflow_sky.gang.job import KILLED_EXIT_CODE, Phase, remote_job_id
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES, Action, Decision, RecoveryState, decide
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
@@ -150,7 +150,7 @@ class PhaseWatcher:
         self.unreachable_grace_s = unreachable_grace_s
         self.max_unreachable_s = max_unreachable_s
         self.liveness_interval_s = liveness_interval_s
-        self.remote_job = f"{job_id}-{phase}"
+        self.remote_job = remote_job_id(job_id, phase)
         self._clients: dict[int, NodeClient] = {}
         self._unreachable_since: dict[int, float] = {}
         self._next_liveness = 0.0

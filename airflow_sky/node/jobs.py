@@ -205,9 +205,14 @@ def kill_job(
     return int(words[1]) if len(words) == 2 and words[1].lstrip("-").isdigit() else None
 
 
+def xcom_path(job_id: str, name: str = "return.json") -> str:
+    """Where a job's $AIRFLOW_SKY_XCOM_DIR/<name> is on its node, relative to the home."""
+    return f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/xcom/{name}"
+
+
 def read_xcom(
     client: NodeClient, job_id: str, name: str = "return.json", max_bytes: int = MAX_SMALL_FILE_BYTES
 ) -> bytes | None:
     """The file a job wrote to $AIRFLOW_SKY_XCOM_DIR/<name>, or None (FileTooLarge above `max_bytes`,
     UnsafeRemoteFile when it is a symlink, FIFO or device)."""
-    return client.read_file(f"{JOBS_DIR}/{shell.validate_job_id(job_id)}/xcom/{name}", max_bytes=max_bytes)
+    return client.read_file(xcom_path(job_id, name), max_bytes=max_bytes)

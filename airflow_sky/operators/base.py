@@ -14,7 +14,6 @@ from airflow_sky.gang.job import JobHandle
 from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.relaunch import current_handle
 from airflow_sky.hooks.cluster import SkyClusterHook
-from airflow_sky.infra.base import Node
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.operators.secrets import read_secrets
 from airflow_sky.task import Task
@@ -91,7 +90,7 @@ class SkyBaseOperator(BaseOperator):
         handle = JobHandle.from_dict(self.cluster)
         if not handle.nodes:
             state = job_states(self.hook(handle).cluster).require(handle.job_id)
-            handle = dataclasses.replace(handle, nodes=tuple(Node.from_dict(n) for n in state.nodes))
+            handle = dataclasses.replace(handle, nodes=state.job_nodes)
         self._handle = handle
         return handle
 

@@ -24,10 +24,10 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_sky.gang import state as js
 from airflow_sky.gang.follow import RankFollower
+from airflow_sky.gang.job import Phase, nodes_of, remote_job_id
 from airflow_sky.gang.phases import job_states, kill_rank
 from airflow_sky.gang.watcher import cancel_if_a_sibling_failed, fail_always, recovery_triage
 from airflow_sky.hooks.cluster import SkyClusterHook
-from airflow_sky.infra.base import Node
 from airflow_sky.task import JobRecovery
 from airflow_sky.task.redaction import redactor
 
@@ -120,6 +120,10 @@ class SkyFollowTrigger(BaseTrigger):
             },
         )
 
+    @property
+    def _phase(self) -> Phase:
+        return "setup" if self.phase == "setup" else "run"
+
     def _hook(self) -> SkyClusterHook:
         return SkyClusterHook(self.cluster_name, self.infra, self.conn_id)
 
@@ -135,10 +139,10 @@ class SkyFollowTrigger(BaseTrigger):
             cluster,
             job_states(cluster),
             self.job_id,
-            "setup" if self.phase == "setup" else "run",
+            self._phase,
             self.generation,
             self.rank,
-            [Node.from_dict(n) for n in self.nodes],
+            nodes_of(self.nodes),
             self.owner,
             emit=lambda line: self.log.info("%s", redact(line)),
             triage=triage,
@@ -202,5 +206,5 @@ class SkyFollowTrigger(BaseTrigger):
             self.job_id,
             lambda s: js.cancel(s, f"the follow task of rank {self.rank} was killed", time.time()),
         )
-        node = next(Node.from_dict(n) for n in self.nodes if int(n["rank"]) == self.rank)
-        kill_rank(cluster, f"{self.job_id}-{self.phase}", node, self.generation)
+        node = next(n for n in nodes_of(self.nodes) if n.rank == self.rank)
+        kill_rank(cluster, remote_job_id(self.job_id, self._phase), node, self.generation)
