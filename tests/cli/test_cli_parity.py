@@ -73,7 +73,7 @@ def _cli_output(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_queue_fits_80_columns_and_names_the_failed_rank_and_exit_code(monkeypatch, capsys):
     monkeypatch.setattr(sdk, "queue", lambda cluster: _records())
-    monkeypatch.setattr("airflow_sky.client.cli.jobs.time.time", lambda: NOW)
+    monkeypatch.setattr("airflow_sky.client.cli.cluster_jobs.time.time", lambda: NOW)
     rc, out, _ = _cli_output(monkeypatch, capsys, "queue", "dev")
     assert rc == 0
     assert max(len(line) for line in out.splitlines()) <= 80, out
@@ -291,7 +291,7 @@ def test_a_closed_pipe_ends_the_command_quietly(monkeypatch, capsys):
     def broken(args: Any) -> int:
         raise BrokenPipeError
 
-    monkeypatch.setattr("airflow_sky.client.cli.jobs._queue", broken)
+    monkeypatch.setattr("airflow_sky.client.cli.cluster_jobs._queue", broken)
     monkeypatch.setattr("airflow_sky.client.cli.silence_stdout", lambda: EXIT_BROKEN_PIPE)
     assert main(["queue", "dev"]) == EXIT_BROKEN_PIPE
     # Node log lines printed from threads (as `logs` does) into a reader that went away: no traceback.

@@ -21,8 +21,8 @@ import pytest
 from rich.console import Console
 
 from airflow_sky.client.cli import main
-from airflow_sky.client.cli.jobs import failure_of
-from airflow_sky.client.cli.managed import queue_table
+from airflow_sky.client.cli.cluster_jobs import failure_of
+from airflow_sky.client.cli.managed_jobs import queue_table
 from airflow_sky.client.managed_jobs import ManagedJob
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_sky.client import managed_jobs
 from airflow_sky.client.airflow_api import ApiConfig, ApiError
-from airflow_sky.client.cli.managed import UploadProgressBar
+from airflow_sky.client.cli.managed_jobs import UploadProgressBar
 from airflow_sky.client.jobs_bucket import jobs_bucket_config
 from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.node import rclone
@@ -317,7 +317,7 @@ def test_the_upload_progress_prints_one_summary_line_off_a_terminal():
 
 def test_jobs_launch_asks_as_sky_does_only_on_a_terminal_and_not_with_yes(monkeypatch):
     from airflow_sky.client.cli import build_parser
-    from airflow_sky.client.cli.managed import _confirm_launch
+    from airflow_sky.client.cli.managed_jobs import _confirm_launch
 
     args = build_parser().parse_args(["jobs", "launch", "task.yaml"])
     assert args.yes is False and build_parser().parse_args(["jobs", "launch", "-y", "t.yaml"]).yes is True

@@ -392,7 +392,7 @@ def _exec(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
-    from airflow_sky.client.cli.jobs import terminal_console
+    from airflow_sky.client.cli.cluster_jobs import terminal_console
 
     clusters = sdk.status(args.clusters or None, infra=args.infra)
     console = terminal_console()
