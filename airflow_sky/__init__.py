@@ -14,7 +14,7 @@ _LAZY = {
     "Resources": "airflow_sky.task",
     "JobRecovery": "airflow_sky.task",
     "sky_job": "airflow_sky.dags.job",
-    "dag_from_yaml": "airflow_sky.dags.job",
+    "dag_from_yaml": "airflow_sky.dags.from_yaml",
     "job_result": "airflow_sky.dags.job",
     "dags_from_folder": "airflow_sky.dags.folder",
     "Pipeline": "airflow_sky.task.pipeline",

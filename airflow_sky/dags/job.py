@@ -11,18 +11,16 @@ waits on a worker slot, and the chain has no scheduler hop that no barrier needs
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import DAG, TaskGroup, XComArg, conf
-from airflow.sdk.definitions._internal.contextmanager import DagContext
+from airflow.sdk import TaskGroup, XComArg, conf
 
 from airflow_sky.dags.results import register_sky_result
+from airflow_sky.dags.task_path import resolve_task_path
 from airflow_sky.errors import SpecError
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.hooks.cluster import task_buckets
@@ -38,7 +36,7 @@ from airflow_sky.operators import (
 from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
 from airflow_sky.operators.provision import PipelineSlot
 from airflow_sky.task import Task
-from airflow_sky.task.pipeline import is_pipeline_file
+from airflow_sky.task.pipeline import job_id_for
 
 # The deadline of every step that is not the user's own script (setup and run take setup_timeout and
 # run_timeout). Generous: they cover a cloud's slow days, and only a hung step ever reaches them.
@@ -133,7 +131,7 @@ def sky_job(
         if "{{" not in infra:
             check_connection(infra, conn_id)  # fails when the DAG is parsed, not mid-run
             task_buckets(task, infra)  # so do unsupported bucket mounts
-        group_id = group_id or _group_id(task)
+        group_id = group_id or job_id_for(task.name or "sky_job")
     common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
     follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
     if defer_after_s is not None:
@@ -234,38 +232,6 @@ def sky_job(
     return group
 
 
-def resolve_task_path(path: str | os.PathLike[str]) -> Path:
-    """A task YAML's path: a relative one is read against the directory of the DAG file being parsed (the
-    dag-processor's working directory is not the DAG folder), else against the working directory."""
-    given = Path(path).expanduser()
-    if given.is_absolute():
-        return given
-    candidates = [Path(folder) / given for folder in _calling_dag_folders()]
-    candidates.append(Path.cwd() / given)
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    tried = " or ".join(str(c) for c in dict.fromkeys(candidates))
-    raise SpecError(f"{path}: no such task file (looked for {tried})")
-
-
-def _calling_dag_folders() -> list[str]:
-    """The folder of the DAG being defined, and of the first caller outside airflow-sky (the DAG file)."""
-    folders = []
-    dag = DagContext.get_current()
-    if dag is not None and getattr(dag, "fileloc", None):
-        folders.append(os.path.dirname(dag.fileloc))
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame = inspect.currentframe()
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(package + os.sep) and os.path.isfile(filename):
-            folders.append(os.path.dirname(filename))
-            break
-        frame = frame.f_back
-    return folders
-
-
 def check_runnable(task: Task) -> None:
     """Refuse, when the DAG is parsed, a job that Airflow's limits would stop mid-run.
 
@@ -289,40 +255,3 @@ def job_result(group: TaskGroup) -> Any:
     `job_result(group)` is an XComArg; pass it to a @task, or pull `ranks` / `artifacts` keys from collect.
     """
     return group.children[f"{group.group_id}.collect"].output  # type: ignore[attr-defined]
-
-
-def dag_from_yaml(
-    path: str | os.PathLike[str],
-    *,
-    dag_id: str | None = None,
-    cluster_name: str | None = None,
-    infra: str | None = None,
-    down: bool = True,
-    env_overrides: dict[str, str] | None = None,
-    **dag_kwargs: Any,
-) -> DAG:
-    """A DAG holding one sky_job for the task YAML at `path` (DAG kwargs such as schedule pass through).
-
-    A pipeline file (several YAML documents) becomes one DAG of its jobs (see sky_pipeline).
-    """
-    from airflow_sky.dags.pipeline import dag_from_pipeline_file
-
-    resolved = resolve_task_path(path)
-    if is_pipeline_file(resolved):
-        if cluster_name is not None:
-            dag_kwargs.setdefault("job_kwargs", {})["cluster_name"] = cluster_name
-        return dag_from_pipeline_file(
-            resolved, dag_id=dag_id, infra=infra, down=down, env_overrides=env_overrides, **dag_kwargs
-        )
-    task = Task.from_yaml(resolved, env_overrides=env_overrides)
-    dag_kwargs.setdefault("schedule", None)
-    dag_kwargs.setdefault("catchup", False)
-    dag_kwargs.setdefault("tags", ["airflow-sky"])
-    with DAG(dag_id=dag_id or _group_id(task) or Path(path).stem, **dag_kwargs) as dag:
-        sky_job(task, cluster_name=cluster_name, infra=infra, down=down)
-    return dag
-
-
-def _group_id(task: Task) -> str:
-    name = task.name or "sky_job"
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)

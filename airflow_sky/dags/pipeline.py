@@ -1,4 +1,4 @@
-"""A pipeline (several tasks, one YAML) as one DAG: a sky_job TaskGroup per task, each on its own cluster.
+"""A pipeline (several tasks, one YAML) in a DAG: a sky_job TaskGroup per task, each on its own cluster.
 
     serial:    train (provision ... teardown) -> eval (provision ... teardown) -> ...
     parallel:  train | eval | ...        (side by side, no edge between them)
@@ -14,14 +14,15 @@ template: `{{ sky_result('train') }}`, `{{ sky_result('train')['checkpoint'] }}`
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, TaskGroup
+from airflow.sdk import TaskGroup
 
+from airflow_sky.dags.job import sky_job
+from airflow_sky.dags.task_path import resolve_task_path
 from airflow_sky.errors import SpecError
 from airflow_sky.operators.provision import PipelineSlot
-from airflow_sky.task.pipeline import PARALLEL, Pipeline, job_id_for
+from airflow_sky.task.pipeline import PARALLEL, Pipeline
 
 
 def sky_pipeline(
@@ -45,8 +46,6 @@ def sky_pipeline(
     Each job runs on a cluster of its own, `<dag>-<job>-<hash of run id>`, unless `cluster_name` is
     given in job_kwargs (a serial pipeline may share one kept cluster; a parallel one may not).
     """
-    from airflow_sky.dags.job import resolve_task_path, sky_job
-
     if not isinstance(pipeline, Pipeline):
         pipeline = Pipeline.from_yaml(resolve_task_path(pipeline), env_overrides=env_overrides)
     elif env_overrides:
@@ -81,25 +80,3 @@ def _after(previous: TaskGroup, group: TaskGroup) -> None:
         else:  # a detached run (follow_run=False): its last task
             previous.children[f"{previous.group_id}.launch"] >> provision
             break
-
-
-def dag_from_pipeline_file(
-    path: str | os.PathLike[str],
-    *,
-    dag_id: str | None = None,
-    infra: str | None = None,
-    down: bool = True,
-    env_overrides: dict[str, str] | None = None,
-    job_kwargs: dict[str, Any] | None = None,
-    **dag_kwargs: Any,
-) -> DAG:
-    """A DAG running the pipeline YAML at `path` (DAG kwargs such as schedule pass through)."""
-    from airflow_sky.dags.job import resolve_task_path
-
-    pipeline = Pipeline.from_yaml(resolve_task_path(path), env_overrides=env_overrides)
-    dag_kwargs.setdefault("schedule", None)
-    dag_kwargs.setdefault("catchup", False)
-    dag_kwargs.setdefault("tags", ["airflow-sky", "pipeline"])
-    with DAG(dag_id=dag_id or job_id_for(pipeline.name) or Path(path).stem, **dag_kwargs) as dag:
-        sky_pipeline(pipeline, infra=infra, down=down, **(job_kwargs or {}))
-    return dag
