@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from airflow_sky.infra.aws.cloud import AwsCloud, Endpoint
+from airflow_sky.infra.aws.cloud import AwsCloud
 from airflow_sky.infra.aws.instances import Member
+from airflow_sky.infra.provisioning import Endpoint
 from tests.aws.conftest import REGION, ZONE, boto, live_instances, moto_image
 from tests.infra.contract import CloudContract
 

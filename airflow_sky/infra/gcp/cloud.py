@@ -16,6 +16,10 @@ Host keys are pinned from the guest attributes (`hostkeys/`, published by the gu
 metadata server, read through the authenticated API), or else from the serial console (cloud-init's block).
 The SSH key reaches the VMs through instance metadata (`ssh-keys`). Spot VMs are deleted when preempted;
 `nodes` reports the rank PREEMPTED when GCE's `compute.instances.preempted` operation names its VM.
+
+The skeleton of a provision (stopped VMs, missing ranks, failover, waiting) is infra/provisioner.py's; this
+driver supplies its GCE primitives. The cluster's record: placement.py; the connection's clients:
+connection.py; the firewall rules: network.py.
 """
 
 from __future__ import annotations
@@ -23,177 +27,46 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from airflow_sky.errors import ClusterError, SpecError
-from airflow_sky.infra import catalog, optimizer
-from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
-from airflow_sky.infra.gcp import vms
-from airflow_sky.infra.gcp.api import ComputeApi, GceError
-from airflow_sky.infra.gcp.settings import DEFAULT_CONN_ID, GcpSettings, settings_from_extra
-from airflow_sky.infra.gcp.state_store import GcsStateStore, cluster_names, ensure_bucket
+from airflow_sky.infra import catalog, optimizer, provisioner
+from airflow_sky.infra.base import Cloud, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.gcp import network, vms
+from airflow_sky.infra.gcp.api import GceError
+from airflow_sky.infra.gcp.placement import GcpClusterRecords, Placement
 from airflow_sky.infra.host_keys import host_key_from_console
 from airflow_sky.infra.keys import public_key_of
+from airflow_sky.infra.provisioner import Survey
 from airflow_sky.infra.provisioning import (
     NoCapacity,
     image_for,
-    launch_with_failover,
     resolver_from_env,
-    update_record,
     wait_for_ssh,
 )
-from airflow_sky.infra.state_store import StateStore
 from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
 
-PLACEMENT_KEY = "placement"
 DEFAULT_DISK_SIZE_GB = 256
 # For emulators only: "module:function" taking (vm name) and returning {"host", "port", "user",
 # "internal_ip", "host_key"} of a machine that plays the VM (the tests' local nodes).
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_GCP_ENDPOINT_RESOLVER"
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    region: str
-    zone: str
-    machine_type: str
-    use_spot: bool
-    accelerator: str | None = None
-    accelerator_count: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self.zone} {self.machine_type}{' (spot)' if self.use_spot else ''}"
-
-
-class GcpCloud(Cloud):
+class GcpCloud(GcpClusterRecords, Cloud):
     name = "gcp"
     default_image = vms.DEFAULT_IMAGE
 
     def __init__(self, location: str = "", conn_id: str | None = None) -> None:
-        parts = [p for p in (location or "").split("/") if p]
-        if len(parts) > 2:
-            raise SpecError(f"infra: gcp takes gcp, gcp/<region> or gcp/<region>/<zone>, got gcp/{location}")
-        self.region = parts[0] if parts else None
-        self.zone = parts[1] if len(parts) > 1 else None
-        self.conn_id = conn_id or DEFAULT_CONN_ID
-        self._settings: GcpSettings | None = None
-        self._api: ComputeApi | None = None
-        self._storage: Any = None
-        self._lock = threading.Lock()
+        super().__init__(conn_id)
+        self.region, self.zone = provisioner.parse_location("gcp", location)
         self._resolver = resolver_from_env(ENDPOINT_RESOLVER_ENV)
         self.running_timeout_s = 600.0
         self.host_key_timeout_s = 300.0
         self.ssh_timeout_s = 600.0
         self.poll_s = 3.0
-
-    # ---- connection ------------------------------------------------------------------------------------
-
-    def _hook(self) -> Any:
-        from airflow.providers.google.cloud.hooks.compute import ComputeEngineHook
-
-        return ComputeEngineHook(gcp_conn_id=self.conn_id)
-
-    @property
-    def settings(self) -> GcpSettings:
-        if self._settings is None:
-            try:
-                extras = dict(self._hook().extras)
-            except Exception as e:  # Airflow raises its own not-found types, which differ between contexts
-                raise SpecError(f"gcp: Airflow connection {self.conn_id!r} cannot be read: {e}") from e
-            project = extras.get("project") or extras.get("extra__google_cloud_platform__project")
-            self._settings = settings_from_extra(self.conn_id, extras, project)
-        return self._settings
-
-    def _credentials(self) -> Any:
-        if self.settings.anonymous_credentials:
-            from google.auth.credentials import AnonymousCredentials
-
-            return AnonymousCredentials()
-        return self._hook().get_credentials()
-
-    @property
-    def api(self) -> ComputeApi:
-        with self._lock:
-            if self._api is None:
-                s = self.settings
-                self._api = ComputeApi(s.project, self._credentials(), s.compute_endpoint)
-                self._api.poll_s = min(self._api.poll_s, self.poll_s)
-            return self._api
-
-    def _storage_client(self) -> Any:
-        with self._lock:
-            if self._storage is None:
-                from google.cloud.storage import Client
-
-                s = self.settings
-                options = {"api_endpoint": s.storage_endpoint} if s.storage_endpoint else None
-                self._storage = Client(
-                    project=s.project, credentials=self._credentials(), client_options=options
-                )
-            return self._storage
-
-    def node_bucket_identity(self) -> frozenset[str]:
-        return frozenset({"gcs"}) if self.settings.service_account else frozenset()
-
-    def check_config(self) -> None:
-        try:
-            self._credentials()
-        except Exception as e:  # google.auth's DefaultCredentialsError, a key file that does not parse, ...
-            raise SpecError(
-                f"gcp: no usable Google credentials for connection {self.conn_id!r}: {e} (see docs/infra-gcp.md)"
-            ) from e
-        public_key_of(self.settings.ssh_key_file)
-
-    # ---- where a cluster lives -----------------------------------------------------------------------
-
-    def state_store(self, cluster_name: str) -> StateStore:
-        return self._store(cluster_name)
-
-    def _store(self, cluster_name: str) -> GcsStateStore:
-        s = self.settings
-        ensure_bucket(self._storage_client(), s.state_bucket, s.state_location)
-        return GcsStateStore(self._storage_client(), s.state_bucket, cluster_name)
-
-    def _record(self, cluster_name: str) -> dict[str, Any] | None:
-        record = self._store(cluster_name).get(PLACEMENT_KEY)
-        return record.data if record else None
-
-    def _placement(self, cluster_name: str) -> Placement | None:
-        data = self._record(cluster_name)
-        if data is None:
-            return None
-        return Placement(**{f.name: data[f.name] for f in dataclasses.fields(Placement) if f.name in data})
-
-    def _update_record(self, cluster_name: str, changes: dict[str, Any]) -> None:
-        update_record(
-            self._store(cluster_name), PLACEMENT_KEY, changes, f"where cluster {cluster_name!r} lives"
-        )
-
-    def _zone_of(self, cluster_name: str) -> str | None:
-        placement = self._placement(cluster_name)
-        if placement is not None:
-            return placement.zone
-        return self.zone
-
-    def cluster_info(self, cluster_name: str) -> ClusterInfo:
-        placement = self._placement(cluster_name)
-        if placement is None:
-            return ClusterInfo(cluster_name, "gcp", self.region, self.zone)
-        return ClusterInfo(cluster_name, "gcp", placement.region, placement.zone)
-
-    def clusters(self) -> Sequence[str]:
-        s = self.settings
-        ensure_bucket(self._storage_client(), s.state_bucket, s.state_location)
-        return cluster_names(self._storage_client(), s.state_bucket)
-
-    def ssh_private_key(self, cluster_name: str) -> str:
-        return self.settings.ssh_key_file
 
     # ---- reading membership ----------------------------------------------------------------------------
 
@@ -252,79 +125,53 @@ class GcpCloud(Cloud):
         if self.region:
             pin.update(region=self.region, zone=self.zone or resources.zone)
         resources = resources.copy(**pin) if resources.cloud in (None, "gcp") or self.region else resources
-        allowed = self.settings.regions
-        placements: list[Placement] = []
-        for c in optimizer.plan(resources, request.num_nodes, clouds=["gcp"]):
-            o = c.offering
-            p = Placement(o.region, o.zone, o.instance_type, c.use_spot, o.accelerator, o.accelerator_count)
-            if (allowed is None or p.region in allowed) and p not in placements:
-                placements.append(p)
-        if not placements:
-            raise ClusterError(f"gcp: no placement in the allowed regions ({', '.join(allowed or ())}) fits")
-        return placements
+        candidates = [
+            Placement(o.region, o.zone, o.instance_type, c.use_spot, o.accelerator, o.accelerator_count)
+            for c in optimizer.plan(resources, request.num_nodes, clouds=["gcp"])
+            for o in [c.offering]
+        ]
+        return provisioner.allowed_placements("gcp", candidates, self.settings.regions, "fits")
 
     def provision(self, request: ProvisionRequest) -> list[Node]:
-        cluster = request.cluster_name
-        recorded = self._placement(cluster)
+        return provisioner.provision(self, request)
+
+    # ---- the provisioner's primitives (provisioner.VmDriver) -----------------------------------------
+
+    def recorded_placement(self, cluster: str) -> Placement | None:
+        return self._placement(cluster)
+
+    def survey(self, cluster: str, recorded: Placement | None) -> Survey[vms.Vm]:
         zone = recorded.zone if recorded else self.zone
         current = vms.current_vms(self._vms(cluster, zone)) if zone else {}
-        stopped = [
-            v for r, v in current.items() if v.status == "TERMINATED" and not v.spot and r < request.num_nodes
-        ]
-        if stopped and zone is not None:
-            # Stopped by autostop: start them again (same disks, same host keys, new addresses).
-            log.info("gcp: %s: starting %d stopped VM(s)", cluster, len(stopped))
-            for vm in stopped:
-                op = self.api.start_instance(
-                    zone, vm.name, vms.request_id(f"start-{vm.name}-{vm.created}", 0)
-                )
-                self.api.wait_zone_operation(zone, op, self.running_timeout_s)
-            current = vms.current_vms(self._vms(cluster, zone))
-        held = {r: v for r, v in current.items() if v.status in vms.LIVE_STATUSES}
-        missing = [r for r in range(request.num_nodes) if r not in held]
-        placements = [recorded] if held and recorded is not None else self.plan(request)
-        if missing:
-            known = [v.name for v in current.values()]
-            try:
-                self._launch_somewhere(cluster, missing, placements, request, known)
-            except BaseException:
-                self._forget_if_empty(cluster)
-                raise
-        else:
-            self._update_record(cluster, {"num_nodes": max(request.num_nodes, len(held))})
-        nodes = self.nodes(cluster)
-        pending = [n for n in nodes if n.status is not NodeStatus.RUNNING]
-        if pending:
-            placement = self._placement(cluster)
-            assert placement is not None
-            self._wait_ready(cluster, placement, [n.instance_id for n in pending])
-            nodes = self.nodes(cluster)
-        return nodes
+        return Survey(current, [v.name for v in current.values()])
 
-    def _launch_somewhere(
-        self,
-        cluster: str,
-        ranks: list[int],
-        placements: Sequence[Placement],
-        request: ProvisionRequest,
-        known: list[str],
-    ) -> list[str]:
-        """Launch `ranks` in the first placement with room; with retry_until_up, keep going round."""
-        return launch_with_failover(
-            self.name,
-            cluster,
-            placements,
-            lambda placement: self._launch(cluster, ranks, placement, request, known),
-            request.retry_until_up,
-        )
+    def restartable(self, instance: vms.Vm) -> bool:
+        return instance.status == "TERMINATED" and not instance.spot  # a spot VM is deleted, never stopped
 
-    def _forget_if_empty(self, cluster: str) -> None:
+    def is_live(self, instance: vms.Vm) -> bool:
+        return instance.status in vms.LIVE_STATUSES
+
+    def start(self, cluster: str, stopped: list[vms.Vm]) -> None:
+        log.info("gcp: %s: starting %d stopped VM(s)", cluster, len(stopped))
+        for vm in stopped:
+            op = self.api.start_instance(vm.zone, vm.name, vms.request_id(f"start-{vm.name}-{vm.created}", 0))
+            self.api.wait_zone_operation(vm.zone, op, self.running_timeout_s)
+
+    def record_size(self, cluster: str, num_nodes: int) -> None:
+        self._update_record(cluster, {"num_nodes": num_nodes})
+
+    def forget_if_empty(self, cluster: str) -> None:
         zone = self._zone_of(cluster)
         if zone is None or not self._vms(cluster, zone):
             self._store(cluster).delete_all()
             self.api.delete_firewall(vms.internal_firewall(cluster))
 
-    def _launch(
+    def wait_ready(self, cluster: str, instance_ids: list[str]) -> None:
+        placement = self._placement(cluster)
+        assert placement is not None  # the VMs waited for were launched there
+        self._wait_ready(cluster, placement, instance_ids)
+
+    def launch(
         self,
         cluster: str,
         ranks: list[int],
@@ -332,6 +179,7 @@ class GcpCloud(Cloud):
         request: ProvisionRequest,
         known: list[str],
     ) -> list[str]:
+        """Bring up `ranks` in `placement`; returns the VM names. Deletes what it made when it fails."""
         s = self.settings
         resources = request.resources or Resources()
         autostop = resources.autostop if isinstance(resources.autostop, dict) else None
@@ -343,7 +191,7 @@ class GcpCloud(Cloud):
             dataclasses.asdict(placement)
             | {"num_nodes": max(request.num_nodes, max(ranks) + 1), "image": image, "disk_size": disk},
         )
-        self._ensure_firewalls(cluster)
+        network.ensure_firewalls(self.api, s, cluster)
         day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         token = vms.launch_token(cluster, ranks, placement.label, known, day)
         public_key = public_key_of(s.ssh_key_file)
@@ -390,35 +238,6 @@ class GcpCloud(Cloud):
             raise
         return names
 
-    def _ensure_firewalls(self, cluster: str) -> None:
-        s = self.settings
-        network = f"global/networks/{s.network}"
-        if self.api.firewall("airflow-sky-ssh") is None:
-            self.api.insert_firewall(
-                {
-                    "name": "airflow-sky-ssh",
-                    "network": network,
-                    "direction": "INGRESS",
-                    "sourceRanges": [s.ssh_cidr],
-                    "targetTags": [vms.SSH_TAG],
-                    "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
-                    "description": "airflow-sky: SSH to cluster nodes",
-                }
-            )
-        tag = vms.network_tag(cluster)
-        if self.api.firewall(vms.internal_firewall(cluster)) is None:
-            self.api.insert_firewall(
-                {
-                    "name": vms.internal_firewall(cluster),
-                    "network": network,
-                    "direction": "INGRESS",
-                    "sourceTags": [tag],
-                    "targetTags": [tag],
-                    "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
-                    "description": f"airflow-sky: all traffic between the nodes of cluster {cluster}",
-                }
-            )
-
     def _wait_ready(self, cluster: str, placement: Placement, names: list[str]) -> None:
         """RUNNING, host keys pinned, SSH answering; each bounded."""
         zone = placement.zone
@@ -444,7 +263,7 @@ class GcpCloud(Cloud):
         self._update_record(cluster, {"host_keys": keys})
         ranked = {vm.name: (rank, vm) for rank, vm in vms.current_vms(self._vms(cluster, zone)).items()}
         nodes = [self._node(*ranked[n], False, keys.get(n)) for n in names if n in ranked]
-        self._wait_ssh(nodes)
+        wait_for_ssh(self.name, nodes, self.settings.ssh_key_file, self.ssh_timeout_s, self.poll_s)
 
     def _learn_host_key(self, vm: vms.Vm) -> str:
         if self._resolver is not None:
@@ -463,9 +282,6 @@ class GcpCloud(Cloud):
             f"gcp: {vm.name} published no host key (guest attributes or serial console) within "
             f"{self.host_key_timeout_s:.0f} s; its key cannot be pinned, so it is not used"
         )
-
-    def _wait_ssh(self, nodes: list[Node]) -> None:
-        wait_for_ssh(self.name, nodes, self.settings.ssh_key_file, self.ssh_timeout_s, self.poll_s)
 
     # ---- replacing and ending ------------------------------------------------------------------------
 
@@ -486,11 +302,7 @@ class GcpCloud(Cloud):
         )
         request = ProvisionRequest(cluster_name, int(record.get("num_nodes", rank + 1)), same)
         known = [v.name for v in current.values()]
-        self._launch_somewhere(cluster_name, [rank], [placement], request, known)
-        node = next((n for n in self.nodes(cluster_name) if n.rank == rank), None)
-        if node is None or node.status is not NodeStatus.RUNNING:
-            raise ClusterError(f"gcp: the replacement for rank {rank} of {cluster_name!r} is not running")
-        return node
+        return provisioner.replace(self, cluster_name, rank, [placement], request, known)
 
     def _delete(self, zone: str, names: list[str]) -> None:
         operations = []

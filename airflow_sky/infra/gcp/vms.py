@@ -85,6 +85,11 @@ class Vm:
     external_ip: str | None
     launch: str | None
 
+    @property
+    def instance_id(self) -> str:
+        """The VM's name: what a Node's instance_id is on gcp."""
+        return self.name
+
 
 def vm_of(instance: dict[str, Any]) -> Vm:
     labels = instance.get("labels") or {}

@@ -1,0 +1,81 @@
+"""Where a gcp cluster lives: its placement (region, zone, machine type, spot, accelerators), its size, the
+image and disk it was launched with and its VMs' pinned host keys, in one record of its GCS state bucket
+beside the job records. Membership itself is only ever read from the VMs' labels."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_sky.infra.gcp.connection import GcpConnection
+from airflow_sky.infra.gcp.state_store import GcsStateStore, cluster_names, ensure_bucket
+from airflow_sky.infra.provisioning import update_record
+from airflow_sky.infra.state_store import StateStore
+from airflow_sky.task.envs import ClusterInfo
+
+PLACEMENT_KEY = "placement"
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    region: str
+    zone: str
+    machine_type: str
+    use_spot: bool
+    accelerator: str | None = None
+    accelerator_count: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.zone} {self.machine_type}{' (spot)' if self.use_spot else ''}"
+
+
+class GcpClusterRecords(GcpConnection):
+    """The cluster records of a gcp connection; `region` and `zone` are what `infra` pins, if anything."""
+
+    region: str | None
+    zone: str | None
+
+    def state_store(self, cluster_name: str) -> StateStore:
+        return self._store(cluster_name)
+
+    def _store(self, cluster_name: str) -> GcsStateStore:
+        s = self.settings
+        ensure_bucket(self._storage_client(), s.state_bucket, s.state_location)
+        return GcsStateStore(self._storage_client(), s.state_bucket, cluster_name)
+
+    def _record(self, cluster_name: str) -> dict[str, Any] | None:
+        record = self._store(cluster_name).get(PLACEMENT_KEY)
+        return record.data if record else None
+
+    def _placement(self, cluster_name: str) -> Placement | None:
+        data = self._record(cluster_name)
+        if data is None:
+            return None
+        return Placement(**{f.name: data[f.name] for f in dataclasses.fields(Placement) if f.name in data})
+
+    def _update_record(self, cluster_name: str, changes: dict[str, Any]) -> None:
+        update_record(
+            self._store(cluster_name), PLACEMENT_KEY, changes, f"where cluster {cluster_name!r} lives"
+        )
+
+    def _zone_of(self, cluster_name: str) -> str | None:
+        placement = self._placement(cluster_name)
+        if placement is not None:
+            return placement.zone
+        return self.zone
+
+    def cluster_info(self, cluster_name: str) -> ClusterInfo:
+        placement = self._placement(cluster_name)
+        if placement is None:
+            return ClusterInfo(cluster_name, "gcp", self.region, self.zone)
+        return ClusterInfo(cluster_name, "gcp", placement.region, placement.zone)
+
+    def clusters(self) -> Sequence[str]:
+        s = self.settings
+        ensure_bucket(self._storage_client(), s.state_bucket, s.state_location)
+        return cluster_names(self._storage_client(), s.state_bucket)
+
+    def ssh_private_key(self, cluster_name: str) -> str:
+        return self.settings.ssh_key_file
