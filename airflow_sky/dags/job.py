@@ -125,7 +125,7 @@ def sky_job(
         if not isinstance(task, Task):
             task = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
         elif env_overrides:
-            task = task.update_envs(env_overrides)
+            task = task.with_envs(env_overrides)  # the caller's Task stays as it was
         check_runnable(task)
         infra = infra or task.resources.infra or "local"
         if "{{" not in infra:

@@ -46,22 +46,22 @@ def sky_pipeline(
     Each job runs on a cluster of its own, `<dag>-<job>-<hash of run id>`, unless `cluster_name` is
     given in job_kwargs (a serial pipeline may share one kept cluster; a parallel one may not).
     """
+    envs: dict[str, str] = {}  # added to copies of the tasks: the caller's Pipeline stays as it was
     if not isinstance(pipeline, Pipeline):
         pipeline = Pipeline.from_yaml(resolve_task_path(pipeline), env_overrides=env_overrides)
     elif env_overrides:
-        for task in pipeline.tasks:
-            task.update_envs(env_overrides)
+        envs.update(env_overrides)
     if pipeline.execution == PARALLEL:
         if job_kwargs.get("cluster_name"):
             raise SpecError(
                 f"pipeline {pipeline.name!r}: cluster_name: a parallel pipeline's tasks run side by side and "
                 "cannot share one cluster; leave it unset (each task gets its own)"
             )
-        for task in pipeline.tasks:  # as SkyPilot's job groups set it
-            task.update_envs({"SKYPILOT_JOBGROUP_NAME": pipeline.name})
-    names = tuple(task.name or job_id for task, job_id in zip(pipeline.tasks, pipeline.job_ids, strict=True))
+        envs["SKYPILOT_JOBGROUP_NAME"] = pipeline.name  # as SkyPilot's job groups set it
+    tasks = [task.with_envs(envs) if envs else task for task in pipeline.tasks]
+    names = tuple(task.name or job_id for task, job_id in zip(tasks, pipeline.job_ids, strict=True))
     groups: list[TaskGroup] = []
-    for index, (task, job_id) in enumerate(zip(pipeline.tasks, pipeline.job_ids, strict=True)):
+    for index, (task, job_id) in enumerate(zip(tasks, pipeline.job_ids, strict=True)):
         slot = PipelineSlot(pipeline.name, index, names, tuple(task_ids))
         group = sky_job(task, infra=infra, down=down, group_id=job_id, pipeline=slot, **job_kwargs)
         if groups and pipeline.execution != PARALLEL:

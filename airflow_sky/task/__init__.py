@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task.diagnostics import SpecWarning
+from airflow_sky.task.job_recovery import JobRecovery
 from airflow_sky.task.overrides import parse_env_args, read_env_file
-from airflow_sky.task.resources import JobRecovery, Resources, gpus_per_node
+from airflow_sky.task.resources import Resources, gpus_per_node
 from airflow_sky.task.task import GitWorkdir, StorageMount, Task, is_bucket_uri, load_task
 
 __all__ = [

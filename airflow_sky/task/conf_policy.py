@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from airflow_sky.errors import SpecError
+from airflow_sky.task.mounts import is_bucket_uri
 from airflow_sky.task.storage import BucketMount, bucket_mounts, default_store, parse_bucket_uri
-from airflow_sky.task.task import Task, is_bucket_uri
+from airflow_sky.task.task import Task
 
 LOCAL = "local"
 SETTINGS = ("managed_infras", "managed_cluster_names", "managed_buckets")

@@ -9,11 +9,13 @@ task cannot override SKYPILOT_NODE_RANK & co.; we do the same.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Literal
 
 from airflow_sky.task.schema import ENV_KEY_PATTERN
 from airflow_sky.task.task import Task
@@ -60,49 +62,27 @@ def cluster_info_json(cluster: ClusterInfo) -> str:
     )
 
 
-def run_envs(
+def node_envs(
     task: Task,
     node_ips: Sequence[str],
     cluster: ClusterInfo,
     task_id: str,
     num_gpus_per_node: int,
     task_ids: Sequence[str] = (),
+    *,
+    phase: Literal["setup", "run"],
 ) -> list[dict[str, str]]:
-    """The run script's env for each node, in rank order; node_ips[0] is the head (rank 0).
+    """The env of `phase`'s script on each node, in rank order; node_ips[0] is the head (rank 0). The setup's
+    rank, IPs and GPUs have SKYPILOT_SETUP_* names.
 
     `node_ips` are the internal IPs of the nodes the task runs on; their count is SKYPILOT_NUM_NODES.
     `task_ids`: in a pipeline, every task's SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS, one per line).
     """
-    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, task_ids, setup=False)
-
-
-def setup_envs(
-    task: Task,
-    node_ips: Sequence[str],
-    cluster: ClusterInfo,
-    task_id: str,
-    num_gpus_per_node: int,
-    task_ids: Sequence[str] = (),
-) -> list[dict[str, str]]:
-    """The setup script's env for each node, in rank order (SKYPILOT_SETUP_* names for rank, IPs, GPUs)."""
-    return _node_envs(task, node_ips, cluster, task_id, num_gpus_per_node, task_ids, setup=True)
-
-
-def _node_envs(
-    task: Task,
-    node_ips: Sequence[str],
-    cluster: ClusterInfo,
-    task_id: str,
-    num_gpus_per_node: int,
-    task_ids: Sequence[str],
-    *,
-    setup: bool,
-) -> list[dict[str, str]]:
     if not node_ips:
         raise ValueError("node_ips is empty: a task runs on at least one node")
     if isinstance(num_gpus_per_node, bool) or not isinstance(num_gpus_per_node, int) or num_gpus_per_node < 0:
         raise ValueError(f"num_gpus_per_node must be an integer >= 0, got {num_gpus_per_node!r}")
-    prefix = "SKYPILOT_SETUP_" if setup else "SKYPILOT_"
+    prefix = "SKYPILOT_SETUP_" if phase == "setup" else "SKYPILOT_"
     shared = {
         f"{prefix}NODE_IPS": "\n".join(node_ips),
         f"{prefix}NUM_GPUS_PER_NODE": str(num_gpus_per_node),
@@ -115,6 +95,10 @@ def _node_envs(
         shared["SKYPILOT_TASK_IDS"] = "\n".join(task_ids)
     user = task.envs_and_secrets
     return [{**user, f"{prefix}NODE_RANK": str(rank), **shared} for rank in range(len(node_ips))]
+
+
+run_envs = functools.partial(node_envs, phase="run")  # the run script's env for each node
+setup_envs = functools.partial(node_envs, phase="setup")  # the setup script's env for each node
 
 
 def env_file_text(env: Mapping[str, str]) -> str:

@@ -18,8 +18,9 @@ import dataclasses
 import re
 
 from airflow_sky.errors import SpecError
+from airflow_sky.task.mounts import WORKDIR_ON_NODE, StorageMount, is_bucket_uri
 from airflow_sky.task.storage import COPY, BucketMount, parse_bucket_uri
-from airflow_sky.task.task import WORKDIR_ON_NODE, StorageMount, Task, is_bucket_uri
+from airflow_sky.task.task import Task
 
 WORKDIR_MOUNT = f"~/{WORKDIR_ON_NODE}"  # where a workdir lands on every node (scripts run there)
 # A run id that is one plain path segment: it names a prefix, never a parent or a sibling of one.

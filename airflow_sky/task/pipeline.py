@@ -25,10 +25,11 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task.diagnostics import STRING_SOURCE, SpecWarning, show
+from airflow_sky.task.loading import LoadOptions, checked_options, file_options
 from airflow_sky.task.task import Task
 from airflow_sky.task.text_files import read_text_file
 from airflow_sky.task.yaml_io import parse_yaml_documents
@@ -93,55 +94,27 @@ class Pipeline:
 
         `allow_unset`: a template check, as for Task.from_yaml (each task's `unset` lists what it lacks).
         """
-        source = os.fspath(path)
-        text = read_text_file(path)
+        options = file_options(path, env_overrides, env_file, allow_unset)
         return cls.from_yaml_str(
-            text,
-            source=source,
-            base_dir=os.path.dirname(os.path.abspath(source)),
-            default_name=Path(source).name.split(".", 1)[0],
-            env_overrides=env_overrides,
-            env_file=env_file,
-            allow_unset=allow_unset,
+            read_text_file(path), default_name=Path(path).name.split(".", 1)[0], **options
         )
 
     @classmethod
     def from_yaml_str(
-        cls,
-        text: str,
-        *,
-        source: str = STRING_SOURCE,
-        base_dir: str | None = None,
-        default_name: str = "pipeline",
-        env_overrides: Mapping[str, str] | None = None,
-        env_file: str | os.PathLike[str] | None = None,
-        allow_unset: bool = False,
+        cls, text: str, *, default_name: str = "pipeline", **options: Unpack[LoadOptions]
     ) -> Pipeline:
         """Parse YAML text holding one or more documents; see the module docstring for the rules."""
-        documents = parse_yaml_documents(text, source)
-        return cls.from_documents(
-            documents,
-            source=source,
-            base_dir=base_dir,
-            default_name=default_name,
-            env_overrides=env_overrides,
-            env_file=env_file,
-            allow_unset=allow_unset,
-        )
+        options.setdefault("source", STRING_SOURCE)
+        documents = parse_yaml_documents(text, options["source"])
+        return cls.from_documents(documents, default_name=default_name, **options)
 
     @classmethod
     def from_documents(
-        cls,
-        documents: Sequence[Any],
-        *,
-        source: str = STRING_SOURCE,
-        base_dir: str | None = None,
-        default_name: str = "pipeline",
-        env_overrides: Mapping[str, str] | None = None,
-        env_file: str | os.PathLike[str] | None = None,
-        allow_unset: bool = False,
+        cls, documents: Sequence[Any], *, default_name: str = "pipeline", **options: Unpack[LoadOptions]
     ) -> Pipeline:
-        loading = _Loading(source, base_dir, env_overrides, env_file, allow_unset)
+        """Validate parsed YAML documents (a header, then one task each); see the module docstring."""
+        loading = _Loading({"source": STRING_SOURCE, **checked_options(options)})
+        source = loading.source
         for number, document in enumerate(documents, start=1):
             if not isinstance(document, dict):
                 raise SpecError(
@@ -253,21 +226,16 @@ def _job_group(configs: list[dict[str, Any]], loading: _Loading) -> Pipeline:
 class _Loading:
     """What every task document of one file is loaded with."""
 
-    source: str
-    base_dir: str | None
-    env_overrides: Mapping[str, str] | None
-    env_file: str | os.PathLike[str] | None
-    allow_unset: bool
+    options: LoadOptions
+
+    @property
+    def source(self) -> str:
+        return self.options["source"]
 
     def task(self, config: dict[str, Any], number: int, total: int) -> Task:
-        return Task.from_dict(
-            config,
-            source=self.source if total == 1 else _where(self.source, number),
-            base_dir=self.base_dir,
-            env_overrides=self.env_overrides,
-            env_file=self.env_file,
-            allow_unset=self.allow_unset,
-        )
+        source = self.source if total == 1 else _where(self.source, number)
+        options: LoadOptions = {**self.options, "source": source}
+        return Task.from_dict(config, **options)
 
 
 def _header_name(header: dict[str, Any], source: str) -> str:

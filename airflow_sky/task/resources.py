@@ -1,9 +1,8 @@
-"""`Resources` (what each node needs, and where) and `JobRecovery` (how a job survives failures)."""
+"""`Resources`: what each node of a task needs, and where it may run."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,70 +10,14 @@ from typing import Any
 from airflow_sky.task import fields
 from airflow_sky.task.diagnostics import PYTHON_SOURCE, PathPart, SpecContext, format_path
 from airflow_sky.task.fields import Count
+from airflow_sky.task.job_recovery import JobRecovery, parse_job_recovery
+from airflow_sky.task.resources_config import refuse_internal, resolve_alias, without_nulls
 from airflow_sky.task.schema import (
     INERT_RESOURCE_FIELDS,
-    INTERNAL_RESOURCE_FIELDS,
-    JOB_RECOVERY_STRATEGIES,
     RESOURCES_SCHEMA,
     SINGLE_RESOURCES_SCHEMA,
 )
 from airflow_sky.task.validate import validate
-
-
-@dataclasses.dataclass(frozen=True)
-class JobRecovery:
-    """Recovery policy: `strategy` (FAILOVER, EAGER_NEXT_REGION; None = default), restarts on user errors."""
-
-    strategy: str | None = None
-    max_restarts_on_errors: int = 0
-    recover_on_exit_codes: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        codes = self.recover_on_exit_codes
-        object.__setattr__(
-            self, "recover_on_exit_codes", (codes,) if isinstance(codes, int) else tuple(codes)
-        )
-        if isinstance(self.strategy, str):
-            object.__setattr__(self, "strategy", self.strategy.strip().upper())
-        ctx = SpecContext(PYTHON_SOURCE)
-        validate(self.to_dict(), _JOB_RECOVERY_SCHEMA, ctx, ("job_recovery",))
-        _check_strategy(self.strategy, ctx, ("job_recovery", "strategy"))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The YAML mapping, listing only non-default fields."""
-        data: dict[str, Any] = {}
-        if self.strategy is not None:
-            data["strategy"] = self.strategy
-        if self.max_restarts_on_errors:
-            data["max_restarts_on_errors"] = self.max_restarts_on_errors
-        if self.recover_on_exit_codes:
-            data["recover_on_exit_codes"] = list(self.recover_on_exit_codes)
-        return data
-
-
-_JOB_RECOVERY_SCHEMA: dict[str, Any] = RESOURCES_SCHEMA["properties"]["job_recovery"]
-
-
-def _check_strategy(strategy: str | None, ctx: SpecContext, path: Sequence[PathPart]) -> None:
-    if strategy is not None and strategy not in JOB_RECOVERY_STRATEGIES:
-        allowed = ", ".join(JOB_RECOVERY_STRATEGIES)
-        raise ctx.error(path, f"unknown strategy {strategy!r}; allowed: {allowed} (or null for the default)")
-
-
-def _parse_job_recovery(value: Any, ctx: SpecContext, path: Sequence[PathPart]) -> JobRecovery | None:
-    """A strategy name or mapping -> JobRecovery; strategy `none` (SkyPilot: no policy given) -> None."""
-    data = {"strategy": value} if isinstance(value, str) else dict(value)
-    strategy = data.get("strategy")
-    strategy = strategy.strip().upper() if isinstance(strategy, str) else None
-    if strategy == "NONE":
-        return None  # SkyPilot drops the whole policy (restarts and exit codes too) for `none`
-    _check_strategy(strategy, ctx, [*path, "strategy"] if not isinstance(value, str) else path)
-    codes: Any = data.get("recover_on_exit_codes", ())
-    return JobRecovery(
-        strategy=strategy,
-        max_restarts_on_errors=int(data.get("max_restarts_on_errors", 0)),
-        recover_on_exit_codes=(codes,) if isinstance(codes, int) else tuple(codes),
-    )
 
 
 class Resources:
@@ -158,11 +101,11 @@ class Resources:
     def _load(
         self, config: Mapping[str, Any], ctx: SpecContext, path: Sequence[PathPart], *, top: bool
     ) -> None:
-        config = _without_nulls(config)
-        _refuse_internal(config, ctx, path)
+        config = without_nulls(config)
+        refuse_internal(config, ctx, path)
         validate(config, RESOURCES_SCHEMA if top else SINGLE_RESOURCES_SCHEMA, ctx, path)
-        config = _resolve_alias(config, "gpus", "accelerators", ctx, path)
-        config = _resolve_alias(config, "spot_recovery", "job_recovery", ctx, path)
+        config = resolve_alias(config, "gpus", "accelerators", ctx, path)
+        config = resolve_alias(config, "spot_recovery", "job_recovery", ctx, path)
         self.cloud, self.region, self.zone = fields.parse_infra(config, ctx, path)
         cpus, memory = config.get("cpus"), config.get("memory")
         self.cpus = None if cpus is None else fields.parse_amount(cpus, ctx, [*path, "cpus"], memory=False)
@@ -187,7 +130,7 @@ class Resources:
         )
         recovery = config.get("job_recovery")
         self.job_recovery = (
-            None if recovery is None else _parse_job_recovery(recovery, ctx, [*path, "job_recovery"])
+            None if recovery is None else parse_job_recovery(recovery, ctx, [*path, "job_recovery"])
         )
         ports = config.get("ports")
         self.ports = None if ports is None else fields.parse_ports(ports, ctx, [*path, "ports"])
@@ -380,41 +323,6 @@ def _python_config(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(result.get(key), Mapping):
             result[key] = dict(result[key])
     return result
-
-
-def _refuse_internal(config: Mapping[str, Any], ctx: SpecContext, path: Sequence[PathPart]) -> None:
-    """SkyPilot-internal `_...` fields (here and in any_of/ordered entries) get their own reason."""
-    for key, value in config.items():
-        if key in INTERNAL_RESOURCE_FIELDS:
-            raise ctx.error(
-                [*path, key], "SkyPilot-internal field (SkyPilot writes it for itself); remove it"
-            )
-        if key in ("any_of", "ordered") and isinstance(value, list):
-            for i, entry in enumerate(value):
-                if isinstance(entry, Mapping):
-                    _refuse_internal(entry, ctx, [*path, key, i])
-
-
-def _without_nulls(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A field set to null counts as absent (here and in any_of/ordered entries)."""
-    result = {key: value for key, value in config.items() if value is not None}
-    for key in ("any_of", "ordered"):
-        if isinstance(result.get(key), list):
-            result[key] = [_without_nulls(e) if isinstance(e, Mapping) else e for e in result[key]]
-    return result
-
-
-def _resolve_alias(
-    config: dict[str, Any], alias: str, canonical: str, ctx: SpecContext, path: Sequence[PathPart]
-) -> dict[str, Any]:
-    """SkyPilot's other names: `gpus` for `accelerators`, legacy `spot_recovery` for `job_recovery`."""
-    if alias not in config:
-        return config
-    if canonical in config:
-        raise ctx.error(
-            [*path, alias], f"cannot be combined with {format_path([*path, canonical])}; give one of them"
-        )
-    return {(canonical if key == alias else key): value for key, value in config.items()}
 
 
 def _tier(

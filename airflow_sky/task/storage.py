@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from airflow_sky.errors import SpecError
-from airflow_sky.task.task import StorageMount, Task, is_bucket_uri
+from airflow_sky.task.mounts import StorageMount, is_bucket_uri
+from airflow_sky.task.task import Task
 
 COPY, MOUNT, MOUNT_CACHED = "COPY", "MOUNT", "MOUNT_CACHED"
 MODES = (COPY, MOUNT, MOUNT_CACHED)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime
 import functools
 import inspect
 import os
-import posixpath
-import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, Unpack
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task import overrides as ov
@@ -22,16 +19,13 @@ from airflow_sky.task.diagnostics import (
     show,
     unknown_field_message,
 )
+from airflow_sky.task.env_values import checked_env_values, env_scalars_as_strings, env_values
+from airflow_sky.task.job_recovery import JobRecovery
+from airflow_sky.task.loading import LoadOptions, checked_options, file_options, refuse_internal, script
+from airflow_sky.task.mounts import FileMountSource, StorageMount, is_bucket_uri, parse_file_mounts
 from airflow_sky.task.redaction import redact_json, redactor
-from airflow_sky.task.resources import JobRecovery, Resources, build_resources
-from airflow_sky.task.schema import (
-    BUCKET_URI_SCHEMES,
-    INERT_TASK_FIELDS,
-    INTERNAL_STORAGE_FIELDS,
-    INTERNAL_TASK_FIELDS,
-    STORAGE_SCHEMA,
-    TASK_SCHEMA,
-)
+from airflow_sky.task.resources import Resources, build_resources
+from airflow_sky.task.schema import INERT_TASK_FIELDS, TASK_SCHEMA
 from airflow_sky.task.text_files import read_text_file
 from airflow_sky.task.validate import validate
 from airflow_sky.task.yaml_io import dump_yaml, parse_yaml
@@ -39,9 +33,8 @@ from airflow_sky.task.yaml_io import dump_yaml, parse_yaml
 P = ParamSpec("P")
 
 REDACTED = "<redacted>"
-WORKDIR_ON_NODE = "sky_workdir"  # ~/sky_workdir, where the workdir lands on every node
 _SUBSTITUTED_EXTRA = ("service", "volumes")  # inert fields SkyPilot fills envs into
-_URI = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://")
+__all__ = ["GitWorkdir", "StorageMount", "Task", "is_bucket_uri", "load_task"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,33 +46,6 @@ class GitWorkdir:
 
     def to_dict(self) -> dict[str, str]:
         return {"url": self.url} | ({"ref": self.ref} if self.ref is not None else {})
-
-
-@dataclasses.dataclass(frozen=True)
-class StorageMount:
-    """A file_mounts storage mapping: a bucket (`name`/`store`) and/or a `source`, mounted or copied."""
-
-    name: str | None = None
-    source: str | tuple[str, ...] | None = None
-    store: str | None = None  # lower case: s3, gcs, r2, ...
-    mode: str | None = None  # upper case: MOUNT (SkyPilot's default), COPY, MOUNT_CACHED
-    persistent: bool | None = None
-    config: dict[str, Any] | None = None  # SkyPilot's volume settings; kept, not acted on
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        if isinstance(self.source, tuple):
-            data["source"] = list(self.source)
-        return {key: value for key, value in data.items() if value is not None}
-
-
-FileMountSource = str | StorageMount
-
-
-def is_bucket_uri(text: str) -> bool:
-    """True for 's3://...', 'gs://...' and the other bucket URIs file_mounts accept."""
-    match = _URI.match(text)
-    return match is not None and match["scheme"].lower() in BUCKET_URI_SCHEMES
 
 
 def _unknown_kwargs_are_spec_errors(init: Callable[P, None]) -> Callable[P, None]:
@@ -152,55 +118,31 @@ class Task:
     # -- loading -------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(
-        cls,
-        config: Any,
-        *,
-        source: str = PYTHON_SOURCE,
-        base_dir: str | None = None,
-        env_overrides: Mapping[str, str] | None = None,
-        env_file: str | os.PathLike[str] | None = None,
-        allow_unset: bool = False,
-    ) -> Task:
+    def from_dict(cls, config: Any, **options: Unpack[LoadOptions]) -> Task:
         """Validate a task mapping (a parsed YAML document). Warns once (SpecWarning) about inert fields.
 
         `allow_unset`: a template check: envs/secrets left null (no launch value) are listed in `task.unset`
-        instead of being an error; such a task is not launchable.
+        instead of being an error; such a task is not launchable. See LoadOptions for the other keywords.
         """
+        env_file = checked_options(options).get("env_file")
         file_values = ov.read_env_file(env_file) if env_file is not None else None
         task = cls.__new__(cls)
-        ctx = SpecContext(source)
+        ctx = SpecContext(options.get("source", PYTHON_SOURCE))
         task._load(
             config,
             ctx,
-            base_dir=base_dir,
-            overrides=ov.merge_overrides(env_overrides, file_values),
-            allow_unset=allow_unset,
+            base_dir=options.get("base_dir"),
+            overrides=ov.merge_overrides(options.get("env_overrides"), file_values),
+            allow_unset=options.get("allow_unset", False),
         )
         ctx.warn_inert()
         return task
 
     @classmethod
-    def from_yaml_str(
-        cls,
-        text: str,
-        *,
-        source: str = STRING_SOURCE,
-        base_dir: str | None = None,
-        env_overrides: Mapping[str, str] | None = None,
-        env_file: str | os.PathLike[str] | None = None,
-        allow_unset: bool = False,
-    ) -> Task:
+    def from_yaml_str(cls, text: str, **options: Unpack[LoadOptions]) -> Task:
         """Parse YAML text (with yaml.safe_load rules); see `from_dict`."""
-        config = parse_yaml(text, source)
-        return cls.from_dict(
-            config,
-            source=source,
-            base_dir=base_dir,
-            env_overrides=env_overrides,
-            env_file=env_file,
-            allow_unset=allow_unset,
-        )
+        options.setdefault("source", STRING_SOURCE)
+        return cls.from_dict(parse_yaml(text, options["source"]), **options)
 
     @classmethod
     def from_yaml(
@@ -212,17 +154,8 @@ class Task:
         allow_unset: bool = False,
     ) -> Task:
         """Load a task file; a relative `workdir` resolves against the file's directory."""
-        source = os.fspath(path)
-        text = read_text_file(path)
-        base_dir = os.path.dirname(os.path.abspath(source))
-        return cls.from_yaml_str(
-            text,
-            source=source,
-            base_dir=base_dir,
-            env_overrides=env_overrides,
-            env_file=env_file,
-            allow_unset=allow_unset,
-        )
+        options = file_options(path, env_overrides, env_file, allow_unset)
+        return cls.from_yaml_str(read_text_file(path), **options)
 
     def _load(
         self,
@@ -235,19 +168,19 @@ class Task:
     ) -> None:
         if isinstance(config, dict):
             config = {key: value for key, value in config.items() if value is not None}
-            _refuse_internal(config, ctx)
-            config = _env_scalars_as_strings(config)
+            refuse_internal(config, ctx)
+            config = env_scalars_as_strings(config)
         validate(config, TASK_SCHEMA, ctx)
         self.base_dir = base_dir
         envs, secrets = ov.apply_overrides(config.get("envs", {}), config.get("secrets", {}), overrides)
         self.unset = {key: "envs" for key, value in envs.items() if value is None} if allow_unset else {}
         self.unset |= {key: "secrets" for key, value in secrets.items() if value is None and allow_unset}
-        self.envs = _env_values({k: v for k, v in envs.items() if k not in self.unset}, "envs", ctx)
-        self.secrets = _env_values({k: v for k, v in secrets.items() if k not in self.unset}, "secrets", ctx)
+        self.envs = env_values({k: v for k, v in envs.items() if k not in self.unset}, "envs", ctx)
+        self.secrets = env_values({k: v for k, v in secrets.items() if k not in self.unset}, "secrets", ctx)
         self.name = config.get("name")
         self._num_nodes = config.get("num_nodes", 1)
-        self.setup = _script(config.get("setup"))
-        self.run = _script(config.get("run"))
+        self.setup = script(config.get("setup"))
+        self.run = script(config.get("run"))
         try:
             self._load_substituted(config, ctx)
         except SpecError as e:  # a message may quote a value that a secret was substituted into
@@ -268,7 +201,9 @@ class Task:
             raise ctx.error(["workdir"], "must be a directory path, got an empty string")
         else:
             self.workdir = workdir
-        self.file_mounts = _file_mounts(config.get("file_mounts", {}), mapping, ctx, unset=tuple(self.unset))
+        self.file_mounts = parse_file_mounts(
+            config.get("file_mounts", {}), mapping, ctx, unset=tuple(self.unset)
+        )
         self.resources = build_resources(config.get("resources", {}), ctx)
         # SkyPilot also fills envs into `service` and `volumes` (kept, not acted on).
         self.extra_fields = {
@@ -304,13 +239,18 @@ class Task:
         return self
 
     def update_envs(self, envs: Mapping[str, str | int | float]) -> Task:
-        """Add or replace envs (validated like the YAML's); returns self."""
-        self.envs.update(_env_values(_validated_env_map(envs, "envs"), "envs", SpecContext()))
+        """Add or replace envs (validated like the YAML's) in this task, as SkyPilot's does; returns self.
+        `with_envs` leaves the task as it is and returns a changed copy."""
+        self.envs.update(checked_env_values(envs, "envs"))
         return self
+
+    def with_envs(self, envs: Mapping[str, str | int | float]) -> Task:
+        """A copy of this task with envs added or replaced (validated like the YAML's); self is unchanged."""
+        return copy.deepcopy(self).update_envs(envs)
 
     def update_secrets(self, secrets: Mapping[str, str | int | float]) -> Task:
         """Add or replace secrets (validated like the YAML's); returns self."""
-        self.secrets.update(_env_values(_validated_env_map(secrets, "secrets"), "secrets", SpecContext()))
+        self.secrets.update(checked_env_values(secrets, "secrets"))
         return self
 
     def update_workdir(self, *, git_url: str | None = None, git_ref: str | None = None) -> Task:
@@ -429,127 +369,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(item) for item in value]
     return value
-
-
-def _script(value: str | list[str] | None) -> str | None:
-    return "\n".join(value) if isinstance(value, list) else value
-
-
-def _validated_env_map(values: Mapping[str, Any], field: str) -> dict[str, Any]:
-    config = {field: dict(values)}
-    validate(config, TASK_SCHEMA, SpecContext())
-    return config[field]
-
-
-def launch_hint(key: str, field: str) -> str:
-    """How a launch gives a value to an env or a secret declared null in the YAML."""
-    if field == "secrets":
-        return f"--secret {key}=VALUE (or --secret {key} to take it from this shell's environment, or in --secret-file)"
-    return f"--env {key}=VALUE (or in --env-file)"
-
-
-def _env_values(values: Mapping[str, Any], field: str, ctx: SpecContext) -> dict[str, str]:
-    """Schema-checked env values -> strings (numbers as written); a null left unset at launch is an error."""
-    result: dict[str, str] = {}
-    for key, value in values.items():
-        if value is None:
-            raise ctx.error([field, key], f"has no value; pass it at launch with {launch_hint(key, field)}")
-        result[key] = value if isinstance(value, str) else str(value)
-    return result
-
-
-def _file_mounts(
-    mounts: dict[str, Any], envs: Mapping[str, str], ctx: SpecContext, unset: Sequence[str] = ()
-) -> dict[str, FileMountSource]:
-    """file_mounts, `$VAR`s substituted -> {remote path: local path/URI or StorageMount}.
-
-    As in SkyPilot, a storage mapping is checked after substitution (`store: $STORE`); in a template
-    (`unset`: names still without a value) a storage field that uses one is not checked yet.
-    """
-    result: dict[str, FileMountSource] = {}
-    for raw_dst, raw_src in mounts.items():
-        dst, src = ov.substitute(raw_dst, envs), ov.substitute(raw_src, envs)
-        path = ["file_mounts", dst]
-        if not dst.strip() or dst.strip() == "~":
-            raise ctx.error(path, f"remote path must be a path below / or ~/, got {show(dst)}")
-        if ".." in dst.split("/"):
-            raise ctx.error(
-                path,
-                "remote path must not contain '..' (it could land outside the node's home or workdir); "
-                f"give an absolute path (/data/x), a path below ~ (~/x) or a path in the workdir (x, "
-                f"which lands in ~/{WORKDIR_ON_NODE}/x)",
-            )
-        if not (dst.startswith("/") or dst.startswith("~/")):
-            # As in SkyPilot: a relative remote path is below the workdir.
-            dst = posixpath.normpath(f"~/{WORKDIR_ON_NODE}/{dst}")
-        if dst in result:
-            raise ctx.error(path, f"remote path given twice (as {raw_dst!r} after $VAR substitution)")
-        if isinstance(src, str):
-            result[dst] = _mount_source(src, ctx, path)
-            continue
-        validate({k: v for k, v in src.items() if not _uses(v, unset)}, STORAGE_SCHEMA, ctx, path)
-        if "name" not in src and "source" not in src:
-            raise ctx.error(path, "a storage mapping needs a `name` (bucket) or a `source`")
-        if str(src.get("store", "")).lower() == "volume":
-            raise ctx.error(
-                [*path, "store"],
-                "SkyPilot volumes (store: volume, a disk created on the node) are not supported; "
-                "use a bucket store or a local path",
-            )
-        source = src.get("source")
-        if isinstance(source, str):
-            _mount_source(source, ctx, [*path, "source"])
-        result[dst] = StorageMount(
-            name=src.get("name"),
-            source=tuple(source) if isinstance(source, list) else source,
-            store=src["store"].lower() if "store" in src else None,
-            mode=src["mode"].upper() if "mode" in src else None,
-            persistent=src.get("persistent"),
-            config=copy.deepcopy(src.get("config")),
-        )
-    return result
-
-
-def _uses(value: Any, names: Sequence[str]) -> bool:
-    """Whether a string still refers to one of `names` as $NAME or ${NAME}."""
-    return isinstance(value, str) and any(re.search(rf"\$(?:{n}\b|\{{{n}\}})", value) for n in names)
-
-
-def _mount_source(src: str, ctx: SpecContext, path: Sequence[Any]) -> str:
-    if not src.strip():
-        raise ctx.error(path, "must be a local path, a bucket URI or a storage mapping, got an empty string")
-    match = _URI.match(src)
-    if match and match["scheme"].lower() not in BUCKET_URI_SCHEMES:
-        schemes = ", ".join(f"{s}://" for s in BUCKET_URI_SCHEMES)
-        raise ctx.error(path, f"unsupported URI scheme {match['scheme']!r}; supported: {schemes}")
-    return src
-
-
-def _refuse_internal(config: Mapping[str, Any], ctx: SpecContext) -> None:
-    """SkyPilot-internal fields (in the task and its storage mappings) are refused with that reason."""
-    for key in config:
-        if key in INTERNAL_TASK_FIELDS:
-            raise ctx.error([key], "SkyPilot-internal field (SkyPilot writes it for itself); remove it")
-    mounts = config.get("file_mounts")
-    for dst, src in mounts.items() if isinstance(mounts, dict) else ():
-        for key in src if isinstance(src, dict) else ():
-            if key in INTERNAL_STORAGE_FIELDS:
-                raise ctx.error(
-                    ["file_mounts", dst, key],
-                    "SkyPilot-internal field (SkyPilot writes it for itself); remove it",
-                )
-
-
-def _env_scalars_as_strings(config: dict[str, Any]) -> dict[str, Any]:
-    """As SkyPilot: a non-null env/secret scalar becomes its Python string (`true` -> 'True', a date ->
-    '2024-01-01'); numbers keep the schema's number type and become strings later, lists/mappings stay
-    for the schema to refuse."""
-    result = dict(config)
-    for field in ("envs", "secrets"):
-        values = result.get(field)
-        if isinstance(values, dict):
-            result[field] = {
-                key: str(value) if isinstance(value, bool | datetime.date) else value
-                for key, value in values.items()
-            }
-    return result

@@ -15,7 +15,7 @@ things keep that from breaking ordinary scripts:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
@@ -50,13 +50,9 @@ def as_literal(text: str | None) -> str | None:
 
 
 def keep_literal(task: Task) -> Task:
-    """Make every templated field of `task` render to itself (the CLI runs SkyPilot tasks, not templates)."""
-    task.setup = as_literal(task.setup)
-    task.run = as_literal(task.run)
-    for values in (task.envs, task.secrets):
-        for key, value in values.items():
-            values[key] = as_literal(value) or ""
-    return task
+    """Make every templated field of `task` render to itself (the CLI runs SkyPilot tasks, not templates);
+    edits `task` in place and returns it."""
+    return _edit_templated_fields(task, as_literal)
 
 
 _SKY_RESULT = re.compile(r"\{\{\s*sky_result\s*\(.*?\}\}", re.DOTALL)
@@ -65,7 +61,8 @@ _SKY_RESULT = re.compile(r"\{\{\s*sky_result\s*\(.*?\}\}", re.DOTALL)
 def render_results(task: Task, results: Mapping[str, Any]) -> Task:
     """Render each `{{ sky_result('job') ... }}` in `task`'s scripts, envs and secrets from `results`
     ({job id: result}, the earlier jobs of a pipeline run outside Airflow's templating); the rest of the
-    text stays as written. A job without a result renders as None, as in a DAG."""
+    text stays as written. A job without a result renders as None, as in a DAG. Edits `task` in place and
+    returns it."""
     from airflow_sky.task.pipeline import job_id_for
 
     environment = SandboxedEnvironment()
@@ -85,11 +82,18 @@ def render_results(task: Task, results: Mapping[str, Any]) -> Task:
 
         return _SKY_RESULT.sub(one, text)
 
-    task.setup = render(task.setup)
-    task.run = render(task.run)
-    for values in (task.envs, task.secrets):
-        for key, value in values.items():
-            values[key] = render(value) or ""
+    return _edit_templated_fields(task, render)
+
+
+def _edit_templated_fields(task: Task, edit: Callable[[str | None], str | None]) -> Task:
+    """`edit` applied, in place, to each of `task.template_fields`: a script, or each value of envs/secrets."""
+    for name in task.template_fields:
+        value = getattr(task, name)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                value[key] = edit(item) or ""
+        else:
+            setattr(task, name, edit(value))
     return task
 
 

@@ -170,6 +170,25 @@ def test_update_envs_validates_and_stringifies() -> None:
         task.update_envs({"bad-name": "x"})
 
 
+def test_update_envs_changes_the_task_and_with_envs_a_copy() -> None:
+    task = Task(envs={"A": "1"}, file_mounts={"/data": {"name": "bucket", "store": "s3"}})
+    assert task.update_envs({"B": "2"}) is task and task.envs == {"A": "1", "B": "2"}
+    copied = task.with_envs({"C": 3})
+    assert copied is not task and copied.envs == {"A": "1", "B": "2", "C": "3"}
+    assert task.envs == {"A": "1", "B": "2"}
+    assert copied.file_mounts == task.file_mounts and copied.resources == task.resources
+    with pytest.raises(SpecError, match=r"envs\.bad-name: invalid name"):
+        task.with_envs({"bad-name": "x"})
+    assert task.envs == {"A": "1", "B": "2"}
+
+
+def test_loaders_refuse_an_unknown_keyword() -> None:
+    with pytest.raises(TypeError, match="env_overide"):
+        Task.from_dict({"run": "true"}, env_overide={"A": "1"})  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="env_overide"):
+        Task.from_yaml_str("run: true", env_overide={"A": "1"})  # type: ignore[call-arg]
+
+
 def test_git_workdir_is_accepted_and_has_no_local_path() -> None:
     task = Task.from_yaml_str("workdir: {url: https://github.com/karpathy/minGPT.git, ref: master}")
     assert task.workdir == GitWorkdir(url="https://github.com/karpathy/minGPT.git", ref="master")

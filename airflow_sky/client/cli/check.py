@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
 
 def launch_needs(task: Task, source: str) -> str | None:
     """One line naming the values a template still needs at launch and how to pass each; None if none."""
-    from airflow_sky.task.task import launch_hint
+    from airflow_sky.task.env_values import launch_hint
 
     if not task.unset:
         return None
