@@ -23,7 +23,7 @@ from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
 from airflow_sky.node.client import FileTooLarge, NodeClient, UnsafeRemoteFile
-from airflow_sky.node.git_workdir import resolve_commit
+from airflow_sky.node.git_commit import resolve_commit
 from airflow_sky.task import GitWorkdir, Task, envs
 from airflow_sky.task.diagnostics import did_you_mean
 from airflow_sky.task.redaction import redact_json

@@ -1,20 +1,15 @@
-"""One SSH connection to one node (paramiko), host key pinned."""
+"""Exec, streaming exec and SFTP on one node over one shared SSH connection (paramiko); the connect is
+node.pinned_ssh, the limits of reads node.bounded_read."""
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import io
 import logging
-import os
-import random
 import select
 import shlex
 import shutil
-import socket
 import stat
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -22,171 +17,31 @@ from typing import IO, Any
 import paramiko
 
 from airflow_sky.errors import RemoteError
+from airflow_sky.node.bounded_read import (
+    MAX_RANGE_BYTES,
+    MAX_SMALL_FILE_BYTES,
+    READ_BLOCK,
+    Bounded,
+    FileTooLarge,
+    UnsafeRemoteFile,
+    file_kind,
+    read_bounded,
+)
+from airflow_sky.node.pinned_ssh import HostKeyMismatch, PinnedConnector, host_key_mismatch_message
 from airflow_sky.node.record import Node
 
 # paramiko logs every connect and SFTP session at INFO: noise in task logs and the CLI.
 logging.getLogger("paramiko").setLevel(logging.WARNING)
-_log = logging.getLogger(__name__)
 
-_HOST_KEY_TYPES: dict[str, type[paramiko.PKey]] = {
-    "ssh-ed25519": paramiko.Ed25519Key,
-    "ssh-rsa": paramiko.RSAKey,
-    "ecdsa-sha2-nistp256": paramiko.ECDSAKey,
-    "ecdsa-sha2-nistp384": paramiko.ECDSAKey,
-    "ecdsa-sha2-nistp521": paramiko.ECDSAKey,
-}
-
-
-def _proxy_command(host: str) -> str | None:
-    """The ProxyCommand the user's ~/.ssh/config gives `host`, read as the SSH provider reads it; or None."""
-    path = os.path.expanduser("~/.ssh/config")
-    if not os.path.isfile(path):
-        return None
-    config = paramiko.SSHConfig()
-    with open(path) as f:
-        config.parse(f)
-    command = config.lookup(host).get("proxycommand")
-    return str(command) if command else None
-
-
-def parse_host_key(host_key: str) -> paramiko.PKey:
-    """`<type> <base64>` as in known_hosts -> a paramiko key (paramiko parses the blob)."""
-    parts = host_key.split()
-    if len(parts) < 2 or parts[0] not in _HOST_KEY_TYPES:
-        raise RemoteError(
-            f"unsupported host key {host_key[:40]!r}: expected '<type> <base64>' ({', '.join(_HOST_KEY_TYPES)})"
-        )
-    return _HOST_KEY_TYPES[parts[0]](data=base64.b64decode(parts[1]))  # type: ignore[arg-type]
-
+__all__ = [  # what callers import from here: the client, and the errors and limits of its reads
+    "MAX_SMALL_FILE_BYTES",
+    "FileTooLarge",
+    "NodeClient",
+    "UnsafeRemoteFile",
+    "host_key_mismatch_message",
+]
 
 SFTP_TIMEOUT_S = 60.0  # the longest a node may take to answer one SFTP request
-# Reads of files a job can touch are bounded in bytes and time (see read_file, read_range).
-MAX_SMALL_FILE_BYTES = 1024 * 1024  # an exit code, a pid, a lock, a result (callers may ask for less or more)
-MAX_RANGE_BYTES = 16 * 1024 * 1024  # one read of a log
-READ_DEADLINE_S = 120.0
-_READ_BLOCK = 256 * 1024
-# Between connection attempts, as the SSH provider's own retry waits: 3 s plus up to 2 s.
-_RETRY_WAIT_S = 3.0
-_RETRY_JITTER_S = 2.0
-
-
-class PinnedConnector:
-    """Opens SSH connections (paramiko) to one node whose address, user, key and host key come from its record.
-
-    The host key learned at provision time is pinned (no trust-on-first-use), and TCP_NODELAY is set before
-    the SSH handshake: paramiko leaves Nagle on, and the handshake's and every small exec's writes then wait
-    on the node's delayed ACKs (~90 ms of a ~100 ms connect to a local node, ~40 ms per small exec).
-
-    Plain paramiko, as the SSH provider's SSHHook connects (a ProxyCommand from the user's ~/.ssh/config,
-    its banner timeout): this connect was always our own (the hook's reads known_hosts first, see
-    _connect_pinned), and subclassing the hook only imported Airflow, seconds of every `airflow-sky queue`
-    or `logs`, which never otherwise need it.
-    """
-
-    banner_timeout = 30.0  # the SSH provider's defaults
-    keepalive_interval = 15
-
-    def __init__(
-        self, node: Node, key_file: str, conn_timeout: int = 10, conn_retry_attempts: int = 3
-    ) -> None:
-        if not node.host_key:
-            # Never trust on first use: a node's host key is learned when it is provisioned (the local
-            # driver generates it, a cloud driver reads it from the instance's console or metadata).
-            raise RemoteError(
-                f"node rank {node.rank} ({node.ssh_host}:{node.ssh_port}) has no pinned host key in its "
-                "record; airflow-sky learns a node's host key when it provisions the node and refuses "
-                "unpinned connections: provision the node again (airflow-sky launch) or add its host key"
-            )
-        self.node = node
-        self.remote_host = node.ssh_host
-        self.port = node.ssh_port
-        self.username = node.ssh_user
-        self.key_file = key_file
-        self.conn_timeout = conn_timeout
-        self.connect_attempts = max(1, conn_retry_attempts)
-        self.host_key = parse_host_key(node.host_key)
-        self.host_proxy_cmd = _proxy_command(node.ssh_host)
-
-    def get_conn(self) -> paramiko.SSHClient:
-        """A new connection, after up to `conn_retry_attempts` attempts (a node may still be booting)."""
-        for attempt in range(1, self.connect_attempts + 1):
-            try:
-                return self._connect_pinned()
-            except HostKeyMismatch:
-                raise  # another machine answers at this address: trying again changes nothing
-            except Exception as e:
-                if attempt == self.connect_attempts:
-                    raise
-                _log.info("Failed to connect (%s). Sleeping before retry attempt %d", e, attempt + 1)
-                time.sleep(_RETRY_WAIT_S + random.uniform(0, _RETRY_JITTER_S))
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _connect_pinned(self) -> paramiko.SSHClient:
-        """One connection that trusts the node's pinned host key and nothing else.
-
-        No known_hosts file is read (the SSH provider's hook loads ~/.ssh/known_hosts first, where a stale
-        line for a recycled cloud IP or a reused loopback address would fail a node whose key is exactly the
-        pinned one): the pinned key is the only entry, and any other key is rejected (RejectPolicy).
-
-        TCP_NODELAY is set before the handshake (over our own socket); a ProxyCommand from the user's
-        ~/.ssh/config gets a fresh process per attempt.
-        """
-        client = paramiko.SSHClient()
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        pinned = self.host_key
-        client.get_host_keys().add(self.known_hosts_name, pinned.get_name(), pinned)
-        sock: Any
-        if self.host_proxy_cmd:
-            sock = paramiko.ProxyCommand(self.host_proxy_cmd)
-        else:
-            sock = socket.create_connection((self.remote_host, self.port), timeout=self.conn_timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            client.connect(
-                hostname=self.remote_host,
-                port=int(self.port or 22),
-                username=self.username,
-                key_filename=self.key_file,
-                timeout=self.conn_timeout,
-                compress=False,  # rsync compresses what needs it; zlib only slows small execs
-                sock=sock,
-                look_for_keys=False,
-                banner_timeout=self.banner_timeout,
-            )
-        except paramiko.BadHostKeyException as e:
-            client.close()
-            sock.close()
-            raise HostKeyMismatch(self.node, e.key) from e
-        except BaseException:
-            client.close()
-            sock.close()
-            raise
-        client.get_transport().set_keepalive(self.keepalive_interval)  # type: ignore[union-attr]
-        return client
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The name paramiko checks the host key under (`[host]:port` off port 22, as OpenSSH)."""
-        return self.remote_host if self.port == 22 else f"[{self.remote_host}]:{self.port}"
-
-
-class HostKeyMismatch(paramiko.SSHException):
-    """The node answered with a host key other than the one pinned in its record."""
-
-    def __init__(self, node: Node, presented: paramiko.PKey) -> None:
-        super().__init__(host_key_mismatch_message(node, f"{presented.get_name()} {presented.fingerprint}"))
-
-
-def host_key_mismatch_message(node: Node, presented: str = "another key") -> str:
-    """One line for every transport (paramiko, SFTP, rsync's ssh): the node is refused, and why."""
-    pinned = parse_host_key(node.host_key) if node.host_key else None
-    expected = f"{pinned.get_name()} {pinned.fingerprint}" if pinned else "none"
-    return (
-        f"refusing node rank {node.rank} at {node.ssh_host}:{node.ssh_port}: it presented host key "
-        f"{presented}, not the key pinned in its record ({expected}). airflow-sky trusts only the pinned key "
-        "(never ~/.ssh/known_hosts); another machine may now hold this address: check it, or provision the "
-        "node again"
-    )
 
 
 class _Connection:
@@ -388,7 +243,7 @@ class NodeClient:
         """Download one regular file (streamed in blocks, up to the size it had when opened)."""
         with self.open_regular(remote_path) as (stream, _size), open(local_path, "wb") as out:
             stream.prefetch()
-            shutil.copyfileobj(stream, out, _READ_BLOCK)
+            shutil.copyfileobj(stream, out, READ_BLOCK)
 
     def read_file(self, remote_path: str, max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes | None:
         """A small remote file's content, or None when it does not exist.
@@ -410,7 +265,7 @@ class NodeClient:
                     size = self._opened_size(f, remote_path)
                     if size > max_bytes:
                         raise FileTooLarge(remote_path, size, max_bytes)
-                    return _read_bounded(f, size, remote_path)
+                    return read_bounded(f, size, remote_path)
             except FileNotFoundError:
                 return None
 
@@ -434,7 +289,7 @@ class NodeClient:
                     if want <= 0:
                         return b"", size
                     f.seek(offset)
-                    return _read_bounded(f, want, remote_path), size
+                    return read_bounded(f, want, remote_path), size
             except FileNotFoundError:
                 return None
 
@@ -443,7 +298,7 @@ class NodeClient:
         attrs = f.stat()
         mode = attrs.st_mode or 0
         if not stat.S_ISREG(mode):
-            raise UnsafeRemoteFile(remote_path, _kind(mode), self.node.rank)
+            raise UnsafeRemoteFile(remote_path, file_kind(mode), self.node.rank)
         return attrs.st_size or 0
 
     def _regular_size(self, sftp: paramiko.SFTPClient, remote_path: str) -> int | None:
@@ -454,7 +309,7 @@ class NodeClient:
             return None
         mode = attrs.st_mode or 0
         if not stat.S_ISREG(mode):
-            raise UnsafeRemoteFile(remote_path, _kind(mode), self.node.rank)
+            raise UnsafeRemoteFile(remote_path, file_kind(mode), self.node.rank)
         return attrs.st_size or 0
 
     def listdir(self, remote_path: str) -> list[str] | None:
@@ -471,7 +326,7 @@ class NodeClient:
             sftp.posix_rename(source, destination)
 
     @contextlib.contextmanager
-    def open_regular(self, remote_path: str) -> Iterator[tuple[_Bounded, int]]:
+    def open_regular(self, remote_path: str) -> Iterator[tuple[Bounded, int]]:
         """A regular file for reading (a symlink to one is followed: users name artifacts through links),
         and a reader that stops at the size it had when opened: a device, FIFO or directory raises
         UnsafeRemoteFile, and a file that keeps growing is read no further than that size."""
@@ -479,86 +334,13 @@ class NodeClient:
             attrs = sftp.stat(remote_path)
             mode = attrs.st_mode or 0
             if not stat.S_ISREG(mode):  # checked before the open: opening a FIFO blocks the SFTP server
-                raise UnsafeRemoteFile(remote_path, _kind(mode), self.node.rank)
+                raise UnsafeRemoteFile(remote_path, file_kind(mode), self.node.rank)
             with sftp.open(remote_path, "rb") as f:
                 opened = f.stat()
                 if not stat.S_ISREG(opened.st_mode or 0):  # swapped between the stat and the open
                     raise UnsafeRemoteFile(remote_path, "no longer a regular file", self.node.rank)
                 size = opened.st_size or 0
-                yield _Bounded(f, size), size
-
-
-class FileTooLarge(RemoteError):
-    def __init__(self, path: str, size: int, limit: int) -> None:
-        super().__init__(f"{path} is {size} bytes, over the limit of {limit}")
-        self.path, self.size, self.limit = path, size, limit
-
-
-class UnsafeRemoteFile(RemoteError):
-    """A file airflow-sky reads from a node is not a regular file (a job may link it to /dev/zero)."""
-
-    def __init__(self, path: str, kind: str, rank: int) -> None:
-        super().__init__(
-            f"~/{path} on node rank {rank} is {kind}, not a regular file: airflow-sky does not read it "
-            "(a read there could be endless or block: a link to /dev/zero, a FIFO)"
-        )
-        self.path, self.kind = path, kind
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return f"of mode {mode:o}"
-
-
-def _read_bounded(f: paramiko.SFTPFile, limit: int, path: str) -> bytes:
-    """At most `limit` bytes of `f`, in blocks, within READ_DEADLINE_S (each request has the SFTP timeout)."""
-    deadline = time.monotonic() + READ_DEADLINE_S
-    chunks: list[bytes] = []
-    left = limit
-    while left > 0:
-        if time.monotonic() > deadline:
-            raise RemoteError(f"read of ~/{path}: not done within {READ_DEADLINE_S:.0f}s")
-        block = f.read(min(left, _READ_BLOCK))
-        if not block:
-            break
-        chunks.append(block)
-        left -= len(block)
-    return b"".join(chunks)
-
-
-class _Bounded(io.RawIOBase):
-    """A readable view of `f` that ends after `size` bytes."""
-
-    def __init__(self, f: paramiko.SFTPFile, size: int) -> None:
-        self._f, self._left = f, size
-
-    def readable(self) -> bool:
-        return True
-
-    def prefetch(self) -> None:
-        self._f.prefetch(self._left)
-
-    def read(self, n: int = -1) -> bytes:
-        want = self._left if n is None or n < 0 else min(n, self._left)
-        if want <= 0:
-            return b""
-        block = self._f.read(want)
-        self._left -= len(block)
-        return block
-
-    def readinto(self, buffer: Any) -> int:
-        block = self.read(len(buffer))
-        buffer[: len(block)] = block
-        return len(block)
+                yield Bounded(f, size), size
 
 
 def _drain(channel: paramiko.Channel) -> Iterator[tuple[bytes, bytes]]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from airflow_sky.errors import SpecError
 from airflow_sky.node.buckets import BucketPlan, attach_buckets
 from airflow_sky.node.client import NodeClient
-from airflow_sky.node.git_workdir import checkout_task_workdir
+from airflow_sky.node.git_commit import checkout_task_workdir
 from airflow_sky.node.paths import WORKDIR, remote_path
 from airflow_sky.node.sync import sync_dir
 from airflow_sky.task import StorageMount, Task, is_bucket_uri

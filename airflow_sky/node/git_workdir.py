@@ -16,13 +16,12 @@ import dataclasses
 import os
 import re
 import shlex
-import subprocess
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
-from airflow_sky.errors import RemoteError, SkyError, SpecError
+from airflow_sky.errors import RemoteError, SpecError
 from airflow_sky.node.paths import WORKDIR
-from airflow_sky.task import GitWorkdir, Task
+from airflow_sky.task import GitWorkdir
 from airflow_sky.task.redaction import GIT_TOKEN, redactor
 
 # The CLI checks a git workdir before its engine has configured Airflow, which node.client would load.
@@ -33,18 +32,16 @@ GIT_SSH_KEY_PATH = "GIT_SSH_KEY_PATH"
 # The user name sent with a token: GitHub takes it for any token, GitLab and Gitea for personal tokens. A user
 # in the URL (https://oauth2@gitlab.example.com/...) is sent instead.
 DEFAULT_TOKEN_USER = "x-access-token"
-_TOKEN_VAR = "AIRFLOW_SKY_GIT_TOKEN"  # the git process's env var that holds the token
-_USER_VAR = "AIRFLOW_SKY_GIT_USER"
+TOKEN_VAR = "AIRFLOW_SKY_GIT_TOKEN"  # the git process's env var that holds the token
+USER_VAR = "AIRFLOW_SKY_GIT_USER"
 # A credential helper that prints the env vars (git runs it as `sh -c '<helper> "$@"' get`): its text carries
 # no secret, so it may sit on a command line. Answering only `get` keeps `store`/`erase` from doing anything.
 _HELPER = (
-    f'!f() {{ test "$1" = get || return 0; echo "username=${_USER_VAR}"; echo "password=${_TOKEN_VAR}"; }}; f'
+    f'!f() {{ test "$1" = get || return 0; echo "username=${USER_VAR}"; echo "password=${TOKEN_VAR}"; }}; f'
 )
-_HEX_COMMIT = re.compile(r"^[0-9a-fA-F]{7,40}$")
-_FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SCP_LIKE = re.compile(r"^(?:[^@/]+@)?[^:/]+:")  # user@host:path, SkyPilot's SCP-like SSH form
 
-LS_REMOTE_TIMEOUT_S = 120.0
 # Without output for this long (git fetches quietly), a checkout counts as hung: a large first clone
 # over a slow link fits well inside it.
 CHECKOUT_TIMEOUT_S = 1800.0
@@ -131,32 +128,6 @@ def ssh_command(key_file: str | None) -> str:
     return shlex.join(words)
 
 
-def parse_ls_remote(text: str) -> dict[str, str]:
-    """`git ls-remote` output -> {ref name: sha}."""
-    refs: dict[str, str] = {}
-    for line in text.splitlines():
-        sha, _, name = line.partition("\t")
-        if name and _FULL_COMMIT.match(sha.strip()):
-            refs[name.strip()] = sha.strip()
-    return refs
-
-
-def pick_commit(refs: Mapping[str, str], ref: str | None) -> str | None:
-    """The commit `ref` names among the remote's refs: the remote HEAD for None; a full ref name, a branch,
-    then a tag (an annotated tag: the commit it points at); a hex string (7-40) as the commit it abbreviates
-    at a ref's tip, else as given (each node fetches it the same way). None: no such ref."""
-    if ref is None:
-        return refs.get("HEAD")
-    for name in (ref, f"refs/heads/{ref}", f"refs/tags/{ref}"):
-        if name in refs and (name == "HEAD" or name.startswith("refs/")):
-            return refs.get(f"{name}^{{}}", refs[name])
-    if _HEX_COMMIT.match(ref):
-        lowered = ref.lower()
-        tips = {sha for sha in refs.values() if sha.startswith(lowered)}
-        return tips.pop() if len(tips) == 1 else lowered
-    return None
-
-
 def ref_label(git: GitWorkdir) -> str:
     return git.ref if git.ref is not None else "HEAD"
 
@@ -187,8 +158,8 @@ def checkout_command(
     git = "git"
     if token_user is not None:
         lines += [
-            f"IFS= read -r {_TOKEN_VAR} || true",
-            f"export {_TOKEN_VAR} {_USER_VAR}={shlex.quote(token_user)}",
+            f"IFS= read -r {TOKEN_VAR} || true",
+            f"export {TOKEN_VAR} {USER_VAR}={shlex.quote(token_user)}",
         ]
         git = shlex.join(["git", *credential_args(True)])
     if ssh_key:
@@ -248,68 +219,12 @@ def stdin_payload(token: str | None, ssh_key: bytes | None) -> bytes:
 def parse_checkout_output(out: bytes, commit: str) -> CheckoutResult | None:
     """The script's last line -> (sha, state), when the sha is the commit asked for (or abbreviates to it)."""
     words = out.decode(errors="replace").strip().rpartition("\n")[2].split()
-    if len(words) != 2 or not _FULL_COMMIT.match(words[0]) or not words[0].startswith(commit.lower()):
+    if len(words) != 2 or not FULL_COMMIT.match(words[0]) or not words[0].startswith(commit.lower()):
         return None
     return CheckoutResult(commit=words[0], state=words[1])
 
 
-# ---- on the Airflow worker: the job's commit -------------------------------------------------------------
-
-
-def resolve_commit(git: GitWorkdir, secrets: Mapping[str, str]) -> str:
-    """The commit `git.ref` names now (None: the remote's HEAD), by `git ls-remote` on this machine.
-
-    A job pins it once, so every node (and a recovery's replacement) checks out the same commit even when
-    the branch moves meanwhile. Raises SpecError naming workdir.url or workdir.ref (never with the token).
-    """
-    url = check_url(git.url)
-    auth = auth_for(git, secrets)
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    if auth.token is not None:
-        env |= {_TOKEN_VAR: auth.token, _USER_VAR: auth.user}
-    if url_kind(url) == "ssh":
-        env["GIT_SSH_COMMAND"] = ssh_command(_readable_key(auth.ssh_key_path))
-    redact = redactor(auth.secrets)
-    try:
-        proc = subprocess.run(
-            ["git", *credential_args(auth.token is not None), "ls-remote", "--", url],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=LS_REMOTE_TIMEOUT_S,
-            check=False,
-        )
-    except FileNotFoundError as e:
-        raise SkyError(
-            "workdir: git is not installed on this machine, which resolves the workdir's ref to a commit "
-            "before the nodes clone it; install git (apt-get install git)"
-        ) from e
-    except subprocess.TimeoutExpired as e:
-        raise SkyError(
-            f"workdir.url: git ls-remote {url} did not answer in {LS_REMOTE_TIMEOUT_S:.0f}s; check that "
-            "this machine can reach the repository"
-        ) from e
-    if proc.returncode != 0:
-        reason = redact(_last_line(proc.stderr)) or f"git ls-remote exited with {proc.returncode}"
-        raise SpecError(f"workdir.url: cannot read {url}: {reason}{_auth_hint(url, auth)}")
-    refs = parse_ls_remote(proc.stdout.decode(errors="replace"))
-    commit = pick_commit(refs, git.ref)
-    if commit is None:
-        raise SpecError(_unknown_ref_message(git, refs))
-    return commit
-
-
-def _readable_key(path: str | None) -> str | None:
-    if path is not None and not os.path.isfile(path):
-        raise SpecError(
-            f"{GIT_SSH_KEY_PATH}: no key file {path} on this machine (the one that runs the job's Airflow "
-            "tasks); give the path of a private key there, or leave it unset to use the ssh config and "
-            "default keys"
-        )
-    return path
-
-
-def _auth_hint(url: str, auth: GitAuth) -> str:
+def auth_hint(url: str, auth: GitAuth) -> str:
     kind = url_kind(url)
     if kind == "http" and auth.token is not None:
         return f"; check that {GIT_TOKEN} is a token that can read this repository"
@@ -320,20 +235,7 @@ def _auth_hint(url: str, auth: GitAuth) -> str:
     return ""
 
 
-def _unknown_ref_message(git: GitWorkdir, refs: Mapping[str, str]) -> str:
-    if git.ref is None:
-        return (
-            f"workdir.url: {git.url} has no HEAD (an empty repository?); name a branch or tag in workdir.ref"
-        )
-    branches = sorted(name.removeprefix("refs/heads/") for name in refs if name.startswith("refs/heads/"))
-    shown = ", ".join(branches[:10]) + (", ..." if len(branches) > 10 else "")
-    return (
-        f"workdir.ref: {git.ref!r} is no branch or tag of {git.url}, nor a commit sha (7-40 hex digits)"
-        + (f"; its branches: {shown}" if branches else "")
-    )
-
-
-def _last_line(data: bytes) -> str:
+def last_line(data: bytes) -> str:
     lines = [line.strip() for line in data.decode(errors="replace").splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
@@ -368,7 +270,7 @@ def checkout(
     result = parse_checkout_output(out, commit) if rc == 0 else None
     if result is None:
         raise RemoteError(
-            _checkout_failure(git, commit, rank, rc, redactor(auth.secrets)(_last_line(err)), auth)
+            _checkout_failure(git, commit, rank, rc, redactor(auth.secrets)(last_line(err)), auth)
         )
     how = {"cloned": "new clone", "fetched": "kept clone, fetched", "present": "kept clone"}.get(result.state)
     log(
@@ -376,18 +278,6 @@ def checkout(
         + (f" ({how})" if how else "")
     )
     return result.commit
-
-
-def checkout_task_workdir(
-    client: NodeClient, task: Task, commit: str | None, log: Callable[[str], None]
-) -> str | None:
-    """The task's git workdir checked out on the node at `commit` (the job's pinned one; None: resolved
-    here); returns the sha, or None (doing nothing) when the workdir is no git workdir."""
-    if not isinstance(task.workdir, GitWorkdir):
-        return None
-    secrets = task.envs_and_secrets
-    pinned = commit if commit is not None else resolve_commit(task.workdir, secrets)
-    return checkout(client, task.workdir, pinned, secrets, log)
 
 
 def _read_key(path: str) -> bytes:
@@ -406,7 +296,7 @@ def _checkout_failure(git: GitWorkdir, commit: str, rank: int, rc: int, detail: 
     where = f"workdir.url: checking out {git.url} at {ref_label(git)} ({commit}) on node rank {rank} failed"
     fixes = {
         _EXIT_NO_GIT: "; install git in the node's image",
-        _EXIT_FETCH: _auth_hint(git.url, auth),
+        _EXIT_FETCH: auth_hint(git.url, auth),
         _EXIT_NO_COMMIT: " (was the ref force-pushed or the commit deleted since the job pinned it?)",
     }
     return f"{where}: {detail or f'exit code {rc}'}{fixes.get(rc, '')}"

@@ -14,6 +14,7 @@ from airflow_sky.errors import RemoteError, SkyError, SpecError
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.gang.phases import job_states, register_job
 from airflow_sky.infra.registry import open_cluster
+from airflow_sky.node import git_commit as gc
 from airflow_sky.node import git_workdir as gw
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.files import upload_task_files
@@ -49,7 +50,7 @@ def test_two_nodes_check_out_the_same_commit_at_a_branch_then_at_a_commit(local_
     first = repo.commit({"train.py": "print('v1')\n"})
     dev = repo.commit({"train.py": "print('dev')\n"}, branch="dev")
     _, nodes, key = local_cluster(2)
-    pinned = gw.resolve_commit(GitWorkdir(repo.url, "dev"), {})
+    pinned = gc.resolve_commit(GitWorkdir(repo.url, "dev"), {})
     assert pinned == dev
     lines: list[str] = []
     for node in nodes:
@@ -81,7 +82,7 @@ def test_a_kept_node_fetches_the_moved_branch_and_replaces_what_is_no_clone_of_t
         assert client.exec("ls sky_workdir")[1].split() == [b"a.txt"]
         client.exec("echo output > sky_workdir/result.txt")  # a file the job wrote stays on a re-checkout
         new = repo.commit({"a.txt": "new\n"})
-        moved = gw.resolve_commit(GitWorkdir(repo.url, "main"), {})
+        moved = gc.resolve_commit(GitWorkdir(repo.url, "main"), {})
         assert moved == new
         assert gw.checkout(client, GitWorkdir(repo.url, "main"), moved, {}, lines.append) == new
         assert client.exec("cat sky_workdir/a.txt sky_workdir/result.txt")[1] == b"new\noutput\n"
@@ -102,9 +103,9 @@ def test_a_private_repository_clones_with_git_token_and_a_wrong_token_fails_clea
     # GIT_TOKEN given as an env (not a secret): SkyPilot treats it as a secret all the same.
     task = Task(run="true", envs={"GIT_TOKEN": TOKEN}, workdir={"url": private_repo.url})
     assert sensitive_values(task) == {"GIT_TOKEN": TOKEN}
-    assert gw.resolve_commit(task.workdir, task.envs_and_secrets) == commit  # type: ignore[arg-type]
+    assert gc.resolve_commit(task.workdir, task.envs_and_secrets) == commit  # type: ignore[arg-type]
     with NodeClient(nodes[0], key) as client:
-        assert gw.checkout_task_workdir(client, task, commit, lambda line: None) == commit
+        assert gc.checkout_task_workdir(client, task, commit, lambda line: None) == commit
         assert _head(client) == commit
         client.exec("rm -rf sky_workdir")  # (a kept clone that has the commit would not fetch at all)
         with pytest.raises(RemoteError) as failed:
@@ -116,11 +117,11 @@ def test_a_private_repository_clones_with_git_token_and_a_wrong_token_fails_clea
     assert "Authentication failed" in message and "check that GIT_TOKEN" in message
     assert "wrong-one" not in message and TOKEN not in message
     with pytest.raises(SpecError) as unresolved:
-        gw.resolve_commit(GitWorkdir(private_repo.url), {"GIT_TOKEN": "wrong-one"})
+        gc.resolve_commit(GitWorkdir(private_repo.url), {"GIT_TOKEN": "wrong-one"})
     assert str(unresolved.value).startswith(f"workdir.url: cannot read {private_repo.url}: ")
     assert "wrong-one" not in str(unresolved.value)
     with pytest.raises(SpecError, match="give it as the secret GIT_TOKEN"):
-        gw.resolve_commit(GitWorkdir(private_repo.url), {})
+        gc.resolve_commit(GitWorkdir(private_repo.url), {})
 
 
 def test_the_token_is_on_no_command_line_and_in_no_file_left_on_the_node(local_cluster, tmp_path: Path):
@@ -135,7 +136,7 @@ def test_the_token_is_on_no_command_line_and_in_no_file_left_on_the_node(local_c
 
         def work() -> None:
             try:
-                pinned = gw.resolve_commit(GitWorkdir(server.url), {"GIT_TOKEN": TOKEN})
+                pinned = gc.resolve_commit(GitWorkdir(server.url), {"GIT_TOKEN": TOKEN})
                 with NodeClient(nodes[0], key) as client:
                     gw.checkout(
                         client, GitWorkdir(server.url), pinned, {"GIT_TOKEN": TOKEN}, lambda line: None
@@ -183,7 +184,7 @@ def test_resolve_commit_reads_branches_tags_and_commits(repo: GitServer):
     second = repo.commit({"a": "2"})
     repo.tag("v1", first, message="annotated: its own object, peeled to the commit")
     repo.tag("light", second)
-    resolve = lambda ref: gw.resolve_commit(GitWorkdir(repo.url, ref), {})  # noqa: E731
+    resolve = lambda ref: gc.resolve_commit(GitWorkdir(repo.url, ref), {})  # noqa: E731
     assert resolve(None) == second  # the remote's HEAD
     assert resolve("main") == second and resolve("refs/heads/main") == second
     assert resolve("v1") == first and resolve("light") == second
@@ -196,29 +197,29 @@ def test_resolve_commit_errors_name_the_field_and_the_fix(repo: GitServer, tmp_p
     repo.commit({"a": "1"})
     repo.commit({"a": "2"}, branch="feature")
     with pytest.raises(SpecError) as unknown:
-        gw.resolve_commit(GitWorkdir(repo.url, "no-such-branch"), {})
+        gc.resolve_commit(GitWorkdir(repo.url, "no-such-branch"), {})
     assert str(unknown.value) == (
         f"workdir.ref: 'no-such-branch' is no branch or tag of {repo.url}, nor a commit sha (7-40 hex "
         "digits); its branches: feature, main"
     )
     with pytest.raises(SpecError, match=r"^workdir.url: cannot read http://127.0.0.1:1/x.git: .+"):
-        gw.resolve_commit(GitWorkdir("http://127.0.0.1:1/x.git"), {})
+        gc.resolve_commit(GitWorkdir("http://127.0.0.1:1/x.git"), {})
     with pytest.raises(SpecError, match="must not start with '-'"):
-        gw.resolve_commit(GitWorkdir("--upload-pack=touch /tmp/x"), {})
+        gc.resolve_commit(GitWorkdir("--upload-pack=touch /tmp/x"), {})
     empty = tmp_path / "empty.git"
     git("init", "-q", "--bare", str(empty))
     with pytest.raises(SpecError, match="has no HEAD"):
-        gw.resolve_commit(GitWorkdir(f"file://{empty}"), {})
+        gc.resolve_commit(GitWorkdir(f"file://{empty}"), {})
     with pytest.raises(SpecError, match=r"^GIT_SSH_KEY_PATH: no key file /nonexistent/key on this machine"):
-        gw.resolve_commit(GitWorkdir("git@example.com:o/r.git"), {"GIT_SSH_KEY_PATH": "/nonexistent/key"})
+        gc.resolve_commit(GitWorkdir("git@example.com:o/r.git"), {"GIT_SSH_KEY_PATH": "/nonexistent/key"})
     monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
     with pytest.raises(SkyError, match="git is not installed on this machine"):
-        gw.resolve_commit(GitWorkdir(repo.url), {})
+        gc.resolve_commit(GitWorkdir(repo.url), {})
 
 
 def test_checkout_task_workdir_does_nothing_without_a_git_workdir(tmp_path: Path):
     for task in (Task(run="true"), Task(run="true", workdir=str(tmp_path))):
-        assert gw.checkout_task_workdir(None, task, "abc1234", print) is None  # type: ignore[arg-type]
+        assert gc.checkout_task_workdir(None, task, "abc1234", print) is None  # type: ignore[arg-type]
     assert Task(run="true", workdir={"url": "https://h/o/r"}).resolved_workdir is None  # never rsynced
 
 
@@ -235,11 +236,11 @@ def test_url_kinds_and_credentials_follow_skypilot():
     assert gw.auth_for(GitWorkdir("https://oauth2@h/o/r"), secrets).user == "oauth2"
     ssh = gw.auth_for(GitWorkdir("git@h:o/r"), secrets)
     assert ssh.token is None and ssh.ssh_key_path == os.path.expanduser("~/.ssh/deploy")
-    assert gw.parse_ls_remote("a" * 40 + "\tHEAD\n" + "b" * 40 + "\trefs/tags/v1^{}\n") == {
+    assert gc.parse_ls_remote("a" * 40 + "\tHEAD\n" + "b" * 40 + "\trefs/tags/v1^{}\n") == {
         "HEAD": "a" * 40,
         "refs/tags/v1^{}": "b" * 40,
     }
-    assert gw.pick_commit({"refs/heads/x": "a" * 40}, "y") is None
+    assert gc.pick_commit({"refs/heads/x": "a" * 40}, "y") is None
 
 
 def _run_local(

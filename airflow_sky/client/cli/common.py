@@ -96,7 +96,7 @@ def check_git_workdir(task: Task) -> None:
     """A git workdir whose repository or ref cannot be read fails here, before any node is provisioned
     (the job itself pins its commit when it registers)."""
     if isinstance(task.workdir, GitWorkdir):
-        from airflow_sky.node.git_workdir import resolve_commit
+        from airflow_sky.node.git_commit import resolve_commit
 
         resolve_commit(task.workdir, task.envs_and_secrets)
 

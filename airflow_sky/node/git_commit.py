@@ -1,0 +1,141 @@
+"""The commit a git workdir pins: its ref resolved once by `git ls-remote` on the machine that launches (the
+Airflow worker), so every node, and a recovery's replacement, checks out the same commit while the branch
+moves; and checkout_task_workdir, a task's workdir checked out at that commit (the checkout on the nodes
+is node.git_workdir)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from airflow_sky.errors import SkyError, SpecError
+from airflow_sky.node.git_workdir import (
+    FULL_COMMIT,
+    GIT_SSH_KEY_PATH,
+    TOKEN_VAR,
+    USER_VAR,
+    auth_for,
+    auth_hint,
+    check_url,
+    checkout,
+    credential_args,
+    last_line,
+    ssh_command,
+    url_kind,
+)
+from airflow_sky.task import GitWorkdir, Task
+from airflow_sky.task.redaction import redactor
+
+# The CLI resolves a commit before its engine has configured Airflow, which node.client would load.
+if TYPE_CHECKING:
+    from airflow_sky.node.client import NodeClient
+
+_HEX_COMMIT = re.compile(r"^[0-9a-fA-F]{7,40}$")
+LS_REMOTE_TIMEOUT_S = 120.0
+
+
+def parse_ls_remote(text: str) -> dict[str, str]:
+    """`git ls-remote` output -> {ref name: sha}."""
+    refs: dict[str, str] = {}
+    for line in text.splitlines():
+        sha, _, name = line.partition("\t")
+        if name and FULL_COMMIT.match(sha.strip()):
+            refs[name.strip()] = sha.strip()
+    return refs
+
+
+def pick_commit(refs: Mapping[str, str], ref: str | None) -> str | None:
+    """The commit `ref` names among the remote's refs: the remote HEAD for None; a full ref name, a branch,
+    then a tag (an annotated tag: the commit it points at); a hex string (7-40) as the commit it abbreviates
+    at a ref's tip, else as given (each node fetches it the same way). None: no such ref."""
+    if ref is None:
+        return refs.get("HEAD")
+    for name in (ref, f"refs/heads/{ref}", f"refs/tags/{ref}"):
+        if name in refs and (name == "HEAD" or name.startswith("refs/")):
+            return refs.get(f"{name}^{{}}", refs[name])
+    if _HEX_COMMIT.match(ref):
+        lowered = ref.lower()
+        tips = {sha for sha in refs.values() if sha.startswith(lowered)}
+        return tips.pop() if len(tips) == 1 else lowered
+    return None
+
+
+def resolve_commit(git: GitWorkdir, secrets: Mapping[str, str]) -> str:
+    """The commit `git.ref` names now (None: the remote's HEAD), by `git ls-remote` on this machine.
+
+    A job pins it once, so every node (and a recovery's replacement) checks out the same commit even when
+    the branch moves meanwhile. Raises SpecError naming workdir.url or workdir.ref (never with the token).
+    """
+    url = check_url(git.url)
+    auth = auth_for(git, secrets)
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    if auth.token is not None:
+        env |= {TOKEN_VAR: auth.token, USER_VAR: auth.user}
+    if url_kind(url) == "ssh":
+        env["GIT_SSH_COMMAND"] = ssh_command(_readable_key(auth.ssh_key_path))
+    redact = redactor(auth.secrets)
+    try:
+        proc = subprocess.run(
+            ["git", *credential_args(auth.token is not None), "ls-remote", "--", url],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=LS_REMOTE_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError as e:
+        raise SkyError(
+            "workdir: git is not installed on this machine, which resolves the workdir's ref to a commit "
+            "before the nodes clone it; install git (apt-get install git)"
+        ) from e
+    except subprocess.TimeoutExpired as e:
+        raise SkyError(
+            f"workdir.url: git ls-remote {url} did not answer in {LS_REMOTE_TIMEOUT_S:.0f}s; check that "
+            "this machine can reach the repository"
+        ) from e
+    if proc.returncode != 0:
+        reason = redact(last_line(proc.stderr)) or f"git ls-remote exited with {proc.returncode}"
+        raise SpecError(f"workdir.url: cannot read {url}: {reason}{auth_hint(url, auth)}")
+    refs = parse_ls_remote(proc.stdout.decode(errors="replace"))
+    commit = pick_commit(refs, git.ref)
+    if commit is None:
+        raise SpecError(_unknown_ref_message(git, refs))
+    return commit
+
+
+def _readable_key(path: str | None) -> str | None:
+    if path is not None and not os.path.isfile(path):
+        raise SpecError(
+            f"{GIT_SSH_KEY_PATH}: no key file {path} on this machine (the one that runs the job's Airflow "
+            "tasks); give the path of a private key there, or leave it unset to use the ssh config and "
+            "default keys"
+        )
+    return path
+
+
+def _unknown_ref_message(git: GitWorkdir, refs: Mapping[str, str]) -> str:
+    if git.ref is None:
+        return (
+            f"workdir.url: {git.url} has no HEAD (an empty repository?); name a branch or tag in workdir.ref"
+        )
+    branches = sorted(name.removeprefix("refs/heads/") for name in refs if name.startswith("refs/heads/"))
+    shown = ", ".join(branches[:10]) + (", ..." if len(branches) > 10 else "")
+    return (
+        f"workdir.ref: {git.ref!r} is no branch or tag of {git.url}, nor a commit sha (7-40 hex digits)"
+        + (f"; its branches: {shown}" if branches else "")
+    )
+
+
+def checkout_task_workdir(
+    client: NodeClient, task: Task, commit: str | None, log: Callable[[str], None]
+) -> str | None:
+    """The task's git workdir checked out on the node at `commit` (the job's pinned one; None: resolved
+    here); returns the sha, or None (doing nothing) when the workdir is no git workdir."""
+    if not isinstance(task.workdir, GitWorkdir):
+        return None
+    secrets = task.envs_and_secrets
+    pinned = commit if commit is not None else resolve_commit(task.workdir, secrets)
+    return checkout(client, task.workdir, pinned, secrets, log)
