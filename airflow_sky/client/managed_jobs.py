@@ -238,16 +238,16 @@ def _submit(
 def _tasks_of(
     task: Task | Pipeline | str | os.PathLike[str], env: Mapping[str, str] | None
 ) -> tuple[list[Task], str | None]:
-    """The tasks to run, and the pipeline's name (None for a single task)."""
+    """The tasks to run (copies of a given Task's or Pipeline's, which launch edits), and the pipeline's
+    name (None for a single task)."""
     if isinstance(task, Task):
-        return [task.update_envs(env) if env else task], None
+        return [task.with_envs(env or {})], None
     if not isinstance(task, Pipeline):
         task = Pipeline.from_yaml(os.fspath(task), env_overrides=env)
         if len(task.tasks) == 1 and task.execution == SERIAL:
             return task.tasks, None
-    elif env:
-        for one in task.tasks:
-            one.update_envs(env)
+    else:
+        task = dataclasses.replace(task, tasks=[one.with_envs(env or {}) for one in task.tasks])
     if task.execution != SERIAL:
         raise SpecError(
             f"pipeline {task.name}: execution: {task.execution}: a managed job runs a pipeline's tasks in order; "
