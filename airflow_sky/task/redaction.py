@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from airflow_sky.task.task import Task
+
+class EnvsAndSecrets(Protocol):
+    """What redaction reads of a Task (typed by shape: task.py uses this module, not the other way)."""
+
+    @property
+    def envs(self) -> Mapping[str, str]: ...
+
+    @property
+    def secrets(self) -> Mapping[str, str]: ...
+
 
 # Parts of a name that make its value a secret: the defaults of Airflow's own masker
 # ([core] sensitive_var_conn_names adds to them), so an env named like a password is hidden wherever
@@ -38,7 +46,7 @@ def is_sensitive_name(name: str) -> bool:
     return name in ALWAYS_SENSITIVE_NAMES or any(part in lowered for part in SENSITIVE_NAME_PARTS)
 
 
-def sensitive_values(task: Task) -> dict[str, str]:
+def sensitive_values(task: EnvsAndSecrets) -> dict[str, str]:
     """What must never be shown of `task`: every secret, and every env whose name reads as a secret
     (GIT_TOKEN given in `envs` included)."""
     values = {k: v for k, v in task.envs.items() if v and is_sensitive_name(k)}
@@ -46,7 +54,7 @@ def sensitive_values(task: Task) -> dict[str, str]:
     return values
 
 
-def task_redactor(task: Task) -> Callable[[str], str]:
+def task_redactor(task: EnvsAndSecrets) -> Callable[[str], str]:
     """The one masker of a task's text outside Airflow's handlers (node logs, failure tails, CLI events)."""
     return redactor(sensitive_values(task).values())
 
