@@ -2,8 +2,8 @@
 
 `launch` checks the task here, uploads its local files to the jobs bucket (client.jobs_bucket), puts its
 secrets into Airflow Variables and triggers a run of the DAG through the REST API; `queue`, `logs` and
-`cancel` read and steer those runs through the same API. Nothing here touches a node: the deployment's
-workers do, so a job goes on when this process (or laptop) is gone.
+`cancel` (client.managed_runs, re-exported here) read and steer those runs through the same API. Nothing
+here touches a node: the deployment's workers do, so a job goes on when this process (or laptop) is gone.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
 import secrets as random
-import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path, check_job_id
+from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path
 from airflow_sky.client.jobs_bucket import (
     SETTING,
     JobsBucketConfig,
@@ -30,46 +28,21 @@ from airflow_sky.client.jobs_bucket import (
     run_prefix,
     upload,
 )
-from airflow_sky.dags.managed import JOB_GROUP, MANAGED_DAG_ID
+from airflow_sky.client.managed_dag import borrowed_api, check_dag_ready, check_pipeline_slots, no_dag
+from airflow_sky.client.managed_runs import ManagedJob, cancel, job, logs, queue
+from airflow_sky.dags.managed import MANAGED_DAG_ID
 from airflow_sky.errors import SkyError, SpecError
-from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
 from airflow_sky.operators.job_spec import JobSpec, job_owner, secret_variable_key
 from airflow_sky.task import Task
 from airflow_sky.task.conf_policy import SETTINGS, ConfPolicy
 from airflow_sky.task.jobs_bucket import LocalUpload, job_files_uri, local_paths, translate_local_paths
 from airflow_sky.task.pipeline import SERIAL, Pipeline
 
-CANCEL_NOTE = "Cancelled with `airflow-sky jobs cancel`"
-_ACTIVE = ("running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule", "restarting")
-_STARTING_STEPS = ("spec", "provision", "sync", "setup_follow", "launch")
-_LOG_STEPS = ("setup_follow", "run_follow")
-_ENDED = ("success", "failed", "skipped", "upstream_failed", "removed")
-LOG_POLL_S = 2.0
-
-
-@dataclasses.dataclass(frozen=True)
-class ManagedJob:
-    """One managed job (a run of the managed jobs DAG) as `jobs queue` shows it."""
-
-    job_id: str  # the DAG run id
-    name: str
-    status: (
-        str  # SkyPilot's: PENDING, STARTING, RUNNING, RECOVERING, SUCCEEDED, FAILED, FAILED_SETUP, CANCELLED
-    )
-    recoveries: int
-    num_nodes: int | None
-    submitted: datetime | None
-    duration_s: float | None
-    infra: str
+__all__ = ["LaunchAborted", "ManagedJob", "cancel", "client_policy", "job", "launch", "logs", "queue"]
 
 
 class LaunchAborted(SkyError):
     """The user declined the launch at its confirmation (nothing was created)."""
-
-
-class DagNotReady(ApiError, ValueError):
-    """The deployment's managed jobs DAG is missing or paused: a job submitted now would never start.
-    (A ValueError: the CLI exits 2, as for any refused launch.)"""
 
 
 def launch(
@@ -145,10 +118,10 @@ def launch(
         for spec, one in zip(specs, tasks, strict=True)
         for name in spec.secrets
     }
-    with _api(api) as client:
+    with borrowed_api(api) as client:
         check_dag_ready(client, dag_id)
         if pipeline is not None:
-            _check_pipeline_slots(client, dag_id, len(tasks))
+            check_pipeline_slots(client, dag_id, len(tasks))
         if confirm is not None and not confirm(pipeline or tasks[0].name or "unnamed"):
             raise LaunchAborted("Aborted: nothing was uploaded or submitted")
         with _uploaded(bucket, run_uri if uploads else None, files, upload_progress):
@@ -227,7 +200,7 @@ def _submit(
         except ApiError as e:
             if e.status_code != 404:
                 raise
-            raise _no_dag(client, dag_id) from e
+            raise no_dag(client, dag_id) from e
     except ApiError:
         for key in created:  # nothing of a refused launch stays behind
             with contextlib.suppress(ApiError):
@@ -258,301 +231,3 @@ def _tasks_of(
 
 def _label(task: Task, pipeline: str | None) -> str:
     return "" if pipeline is None else f"task {task.name or '(unnamed)'}: "
-
-
-def check_dag_ready(client: AirflowApi, dag_id: str = MANAGED_DAG_ID) -> None:
-    """Refuse (DagNotReady, naming the fix) when the deployment's `dag_id` is missing or paused: a run of a
-    paused DAG stays queued, and `jobs queue` would say PENDING forever."""
-    dag = _dag_get(client, dag_id)
-    if dag.get("is_stale"):  # its file left the DAG folder: the scheduler runs none of its runs
-        raise _no_dag(client, dag_id)
-    if dag.get("is_paused"):
-        raise DagNotReady(
-            f"the managed jobs DAG {dag_id} is paused on the Airflow at {client.config.url}, so a job would "
-            f"wait PENDING; unpause it: `airflow dags unpause {dag_id}` (or PATCH /api/v2/dags/{dag_id} "
-            '{"is_paused": false}, or its toggle in the UI)',
-            409,
-        )
-
-
-def _dag_get(client: AirflowApi, dag_id: str, *below: str, **params: Any) -> Any:
-    """GET the DAG's own path (or one below it); a 404 says the DAG is not deployed, and how to deploy it."""
-    try:
-        return client.get(api_path("dags", dag_id, *below), **params)
-    except ApiError as e:
-        if e.status_code == 404:
-            raise _no_dag(client, dag_id) from e
-        raise
-
-
-def _no_dag(client: AirflowApi, dag_id: str) -> DagNotReady:
-    argument = "" if dag_id == MANAGED_DAG_ID else f"dag_id={dag_id!r}"
-    return DagNotReady(
-        f"the Airflow at {client.config.url} has no DAG {dag_id}: deploy it with a file in its DAG folder "
-        f"holding `from airflow_sky.dags.managed import managed_jobs_dag; dag = managed_jobs_dag({argument})` "
-        "(docs/deploy.md#managed-jobs)",
-        404,
-    )
-
-
-def _check_pipeline_slots(client: AirflowApi, dag_id: str, jobs: int) -> None:
-    """Refuse, before anything is created, a pipeline longer than the deployed DAG has slots for."""
-    tasks = _dag_get(client, dag_id, "tasks")["tasks"]
-    slots = sum(1 for t in tasks if re.fullmatch(r"spec\d*", str(t.get("task_id"))))
-    if jobs > slots:
-        raise SpecError(
-            f"the pipeline has {jobs} tasks; the deployed {dag_id} DAG runs at most {slots} "
-            f"(deploy it as managed_jobs_dag(pipeline_slots={jobs}) or more)"
-        )
-
-
-def queue(limit: int = 50, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> list[ManagedJob]:
-    """The latest managed jobs, newest first."""
-    with _api(api) as client:
-        runs = _dag_get(client, dag_id, "dagRuns", limit=limit, order_by="-run_after")
-        return [_job(client, dag_id, run) for run in runs["dag_runs"]]
-
-
-def job(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> ManagedJob:
-    """One managed job's status."""
-    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
-    with _api(api) as client:
-        return _job(client, dag_id, client.get(_run_path(dag_id, job_id)))
-
-
-def cancel(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> None:
-    """Stop the job: its run is marked failed; its follow tasks are killed, which stops every rank, and its
-    teardown still runs, which (with down, the default) terminates the nodes."""
-    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
-    with _api(api) as client:
-        run = client.get(_run_path(dag_id, job_id))
-        if run["state"] in ("success", "failed"):
-            raise SpecError(f"job {job_id} already ended ({_status(client, dag_id, run, [])})")
-        client.request("PATCH", _run_path(dag_id, job_id), json={"state": "failed", "note": CANCEL_NOTE})
-
-
-def logs(
-    job_id: str,
-    *,
-    follow: bool = True,
-    emit: Callable[[str], object] = print,
-    api: AirflowApi | None = None,
-    dag_id: str = MANAGED_DAG_ID,
-    poll_s: float = LOG_POLL_S,
-) -> ManagedJob:
-    """Print every rank's setup and run log lines (and the job's own messages: recoveries, failures) as the
-    follow tasks write them; with `follow`, until the job ends. Returns the job's status at the end."""
-    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
-    with _api(api) as client:
-        readers: dict[tuple[str, int, int], _LogReader] = {}
-        while True:
-            run = client.get(_run_path(dag_id, job_id))
-            ended = run["state"] in ("success", "failed")
-            tis = _task_instances(client, dag_id, job_id)
-            for ti in sorted(
-                tis,
-                key=lambda t: (_LOG_STEPS.index(_step(t)) if _step(t) in _LOG_STEPS else 9, t["map_index"]),
-            ):
-                if _step(ti) not in _LOG_STEPS or not ti.get("try_number"):
-                    continue
-                key = (ti["task_id"], int(ti["map_index"]), int(ti["try_number"]))
-                reader = readers.setdefault(key, _LogReader(client, dag_id, job_id, *key))
-                for line in reader.read(final=ti.get("state") in _ENDED):
-                    emit(line)
-            if not follow or (ended and all(r.done for r in readers.values())):
-                for line in _spec_errors(client, dag_id, job_id, tis) if ended else ():
-                    emit(line)
-                return _job(client, dag_id, run, tis)
-            time.sleep(poll_s)
-
-
-def _spec_errors(client: AirflowApi, dag_id: str, run_id: str, tis: list[dict[str, Any]]) -> Iterator[str]:
-    """Why the deployment refused the run's conf: the error its failed spec task logged (the deployment's
-    policy, a conf this machine did not check), as one line each."""
-    for ti in tis:
-        if not (re.fullmatch(r"spec\d*", _step(ti)) and ti.get("state") == "failed" and ti.get("try_number")):
-            continue
-        path = _run_path(dag_id, run_id) + api_path("taskInstances", ti["task_id"], "logs", ti["try_number"])
-        try:
-            page = client.request("GET", path, headers={"Accept": "application/json"}).json()
-        except (ApiError, ValueError):
-            continue
-        errors = [
-            str(error["exc_value"])
-            for event in page.get("content") or []
-            for value in (event.values() if isinstance(event, dict) else ())
-            for error in (value if isinstance(value, list) else ())
-            if isinstance(error, dict) and error.get("exc_value")
-        ]
-        if errors:  # the first: the exception raised (the rest are its causes)
-            yield f"{ti['task_id']} failed: {errors[0]}"
-
-
-class _LogReader:
-    """One task instance try's log, read on from where the last read ended (the API's continuation token)."""
-
-    def __init__(
-        self, client: AirflowApi, dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int
-    ):
-        self.client = client
-        self.path = _run_path(dag_id, run_id) + api_path("taskInstances", task_id, "logs", try_number)
-        self.map_index = map_index
-        self.token: str | None = None
-        self.seen = 0  # log events read so far
-        self.done = False
-
-    def read(self, final: bool) -> Iterator[str]:
-        """The job's lines written since the last read. `final`: the task instance had ended before this
-        read, so that a page without a continuation token is the log's end. Airflow also leaves the token
-        out while a task is not running (a deferred follow task going back to the queue): the next read
-        then starts over, and skips the events already read."""
-        if self.done:
-            return
-        params: dict[str, Any] = {"map_index": self.map_index}
-        if self.token:
-            params["token"] = self.token
-        try:
-            page = self.client.request(
-                "GET", self.path, params=params, headers={"Accept": "application/json"}
-            ).json()
-        except ApiError as e:
-            if e.status_code == 404:  # not started yet
-                return
-            raise
-        events = page.get("content") or []
-        if self.token is None:  # from the start: the first read, or one after a page without a token
-            events, self.seen = events[self.seen :], len(events)
-        else:
-            self.seen += len(events)
-        for event in events:
-            line = _job_line(event)
-            if line is not None:
-                yield line
-        self.token = page.get("continuation_token")
-        self.done = self.token is None and final
-
-
-def _job_line(event: Any) -> str | None:
-    """A log event's text when it is the job's own (a node's line, a recovery, a failure), else None."""
-    if not isinstance(event, dict):
-        return None
-    logger = str(event.get("logger") or "")
-    if "airflow_sky" not in logger:
-        return None
-    return str(event.get("event", ""))
-
-
-def _api(api: AirflowApi | None) -> Any:
-    """The given client (left open), or a new one closed after use."""
-    return _Borrowed(api) if api is not None else AirflowApi()
-
-
-class _Borrowed:
-    def __init__(self, api: AirflowApi) -> None:
-        self.api = api
-
-    def __enter__(self) -> AirflowApi:
-        return self.api
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _run_path(dag_id: str, run_id: str) -> str:
-    """The REST path of a DAG run (a job id a user gave is checked first: check_job_id)."""
-    return api_path("dags", dag_id, "dagRuns", run_id)
-
-
-def _step(ti: Mapping[str, Any]) -> str:
-    return str(ti["task_id"]).rsplit(".", 1)[-1]
-
-
-def _task_instances(client: AirflowApi, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-    return list(client.pages(_run_path(dag_id, run_id) + "/taskInstances", "task_instances"))
-
-
-def _job(
-    client: AirflowApi, dag_id: str, run: Mapping[str, Any], tis: list[dict[str, Any]] | None = None
-) -> ManagedJob:
-    # A run conf is whatever its trigger wrote: read it without trusting its shape (jobs queue lists all).
-    given = run.get("conf")
-    conf: dict[str, Any] = given if isinstance(given, dict) else {}
-    jobs = conf.get("jobs")
-    first = (jobs[0] if isinstance(jobs, list) and jobs else {}) if "jobs" in conf else conf
-    first = first if isinstance(first, dict) else {}
-    task: dict[str, Any] = first["task"] if isinstance(first.get("task"), dict) else {}
-    num_nodes = task.get("num_nodes")
-    if tis is None:
-        tis = _task_instances(client, dag_id, run["dag_run_id"])
-    # Every job of a pipeline that got to its run: the latest one's status, all their recoveries.
-    groups = sorted(
-        {
-            str(t["task_id"]).rsplit(".", 1)[0]
-            for t in tis
-            if _step(t) == "run_follow" and t.get("state") in ("running", "deferred", "success", "failed")
-        }
-    )
-    pushed = [x for x in (_job_status_xcom(client, dag_id, run["dag_run_id"], g) for g in groups) if x]
-    status_xcom = pushed[-1] if pushed else None
-    started, ended = _time(run.get("start_date")), _time(run.get("end_date"))
-    return ManagedJob(
-        job_id=run["dag_run_id"],
-        name=str(conf.get("pipeline") or task.get("name") or "-"),
-        status=_status(client, dag_id, run, tis, status_xcom),
-        recoveries=sum(int(x.get("generation", 0)) for x in pushed),
-        num_nodes=num_nodes if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) else None,
-        submitted=_time(run.get("queued_at")) or started,
-        duration_s=((ended or datetime.now(UTC)) - started).total_seconds() if started else None,
-        infra=str(first.get("infra") or "local"),
-    )
-
-
-def _status(
-    client: AirflowApi,
-    dag_id: str,
-    run: Mapping[str, Any],
-    tis: list[dict[str, Any]],
-    status_xcom: Mapping[str, Any] | None = None,
-) -> str:
-    state = run.get("state")
-    if run.get("note") == CANCEL_NOTE:
-        return "CANCELLED" if state in ("success", "failed") else "CANCELLING"
-    if state == "queued":
-        return "PENDING"
-    if state == "success":
-        return "SUCCEEDED"
-    if state == "failed":
-        if _any(tis, "setup_follow", ("failed",)):
-            return "FAILED_SETUP"
-        if _any(tis, "spec", ("failed",)):
-            return "FAILED_PRECHECKS"
-        return "FAILED"
-    if status_xcom and status_xcom.get("status") == "RECOVERING":
-        return "RECOVERING"
-    if _any(tis, "launch", ("success",)):
-        return "RUNNING"
-    return "STARTING" if any(_step(t) in _STARTING_STEPS and t.get("state") for t in tis) else "PENDING"
-
-
-def _any(tis: list[dict[str, Any]], step: str, states: tuple[str, ...]) -> bool:
-    return any(_step(t) == step and t.get("state") in states for t in tis)
-
-
-def _job_status_xcom(
-    client: AirflowApi, dag_id: str, run_id: str, group: str = JOB_GROUP
-) -> dict[str, Any] | None:
-    """What the head's run follow task of `group` last pushed about recoveries (none before the first)."""
-    path = _run_path(dag_id, run_id) + api_path(
-        "taskInstances", f"{group}.run_follow", "xcomEntries", JOB_STATUS_XCOM_KEY
-    )
-    try:
-        value = client.get(path, map_index=0).get("value")
-    except ApiError as e:
-        if e.status_code == 404:
-            return None
-        raise
-    return value if isinstance(value, dict) else None
-
-
-def _time(value: Any) -> datetime | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_sky.client.managed_jobs import _LogReader
+from airflow_sky.client.managed_runs import _LogReader
 
 
 class Pages:
