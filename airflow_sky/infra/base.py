@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.state_store import StateStore
@@ -16,7 +17,7 @@ from airflow_sky.node.record import Node, NodeStatus
 from airflow_sky.task import Resources
 from airflow_sky.task.envs import ClusterInfo
 
-__all__ = ["Cloud", "ClusterInfo", "Node", "NodeStatus", "ProvisionRequest", "StateStore"]
+__all__ = ["Cloud", "ClusterInfo", "Endpoint", "Node", "NodeStatus", "ProvisionRequest", "StateStore"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,47 @@ class ProvisionRequest:
     resources: Resources | None = None
     job_name: str | None = None  # the task that asks (a tag on cloud instances)
     retry_until_up: bool = False  # on no capacity anywhere: keep trying, with backoff, instead of failing
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    """Where SSH reaches an instance, and the address the other nodes reach it at."""
+
+    host: str
+    port: int
+    user: str
+    internal_ip: str
+    host_key: str | None = None  # only from an emulator's resolver: its play node's key
+
+    @classmethod
+    def resolved(cls, found: dict[str, Any]) -> Endpoint:
+        """What an emulator's resolver answered (see resolver_from_env)."""
+        host_key = found.get("host_key")
+        port, user, ip = int(found["port"]), str(found["user"]), str(found["internal_ip"])
+        return cls(str(found["host"]), port, user, ip, host_key)
+
+    def node(
+        self,
+        rank: int,
+        instance_id: str,
+        status: NodeStatus,
+        gpus: float,
+        host_key: str | None,
+        console_url: str | None = None,
+    ) -> Node:
+        """The node that this endpoint reaches (its host key: the one pinned for it, passed in)."""
+        return Node(
+            rank,
+            self.internal_ip,
+            self.host,
+            self.port,
+            self.user,
+            instance_id,
+            status,
+            gpus,
+            host_key,
+            console_url,
+        )
 
 
 class Cloud(abc.ABC):

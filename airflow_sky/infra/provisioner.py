@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
-from airflow_sky.errors import ClusterError, SpecError
+from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.provisioning import Placement, launch_with_failover
 
@@ -33,6 +33,19 @@ class Survey(Generic[InstanceT]):
 
     current: dict[int, InstanceT]  # rank -> the instance that holds it
     known: list[str]  # ids a new launch's token is derived from (a retry of the same launch finds its own)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOrder:
+    """What one launch brings up, wherever it goes: `ranks` of the request's cluster."""
+
+    request: ProvisionRequest
+    ranks: list[int]
+    known: list[str]  # see Survey.known
+
+    @property
+    def cluster(self) -> str:
+        return self.request.cluster_name
 
 
 class VmDriver(Protocol[InstanceT, PlacementT]):
@@ -57,15 +70,8 @@ class VmDriver(Protocol[InstanceT, PlacementT]):
     def plan(self, request: ProvisionRequest) -> list[PlacementT]:
         """The placements to try, best first."""
 
-    def launch(
-        self,
-        cluster: str,
-        ranks: list[int],
-        placement: PlacementT,
-        request: ProvisionRequest,
-        known: list[str],
-    ) -> list[str]:
-        """Bring up `ranks` in `placement` (NoCapacity when it has no room); ends what it made on failure."""
+    def launch(self, order: LaunchOrder, placement: PlacementT) -> list[str]:
+        """Bring up the order's ranks in `placement` (NoCapacity: no room there); ends what it made on failure."""
 
     def record_size(self, cluster: str, num_nodes: int) -> None:
         """Note the cluster's size when nothing had to be launched."""
@@ -77,16 +83,6 @@ class VmDriver(Protocol[InstanceT, PlacementT]):
 
     def wait_ready(self, cluster: str, instance_ids: list[str]) -> None:
         """Until these instances run, have their host keys pinned and answer SSH; each wait bounded."""
-
-
-def parse_location(cloud: str, location: str) -> tuple[str | None, str | None]:
-    """`<region>` or `<region>/<zone>` of `infra: <cloud>/...`: the region and zone it pins, if any."""
-    parts = [p for p in (location or "").split("/") if p]
-    if len(parts) > 2:
-        raise SpecError(
-            f"infra: {cloud} takes {cloud}, {cloud}/<region> or {cloud}/<region>/<zone>, got {cloud}/{location}"
-        )
-    return (parts[0] if parts else None), (parts[1] if len(parts) > 1 else None)
 
 
 def allowed_placements(
@@ -120,7 +116,7 @@ def provision(driver: VmDriver[InstanceT, PlacementT], request: ProvisionRequest
     placements = [recorded] if held and recorded is not None else driver.plan(request)
     if missing:
         try:
-            launch(driver, cluster, missing, placements, request, survey.known)
+            launch(driver, LaunchOrder(request, missing, survey.known), placements)
         except BaseException:
             driver.forget_if_empty(cluster)  # a cluster that never came up leaves no record either
             raise
@@ -136,34 +132,27 @@ def provision(driver: VmDriver[InstanceT, PlacementT], request: ProvisionRequest
 
 
 def launch(
-    driver: VmDriver[InstanceT, PlacementT],
-    cluster: str,
-    ranks: list[int],
-    placements: Sequence[PlacementT],
-    request: ProvisionRequest,
-    known: list[str],
+    driver: VmDriver[InstanceT, PlacementT], order: LaunchOrder, placements: Sequence[PlacementT]
 ) -> list[str]:
-    """Launch `ranks` in the first placement with room; with retry_until_up, keep going round."""
+    """Launch the order in the first placement with room; with retry_until_up, keep going round."""
     return launch_with_failover(
         driver.name,
-        cluster,
+        order.cluster,
         placements,
-        lambda placement: driver.launch(cluster, ranks, placement, request, known),
-        request.retry_until_up,
+        lambda placement: driver.launch(order, placement),
+        order.request.retry_until_up,
     )
 
 
 def replace(
-    driver: VmDriver[InstanceT, PlacementT],
-    cluster: str,
-    rank: int,
-    placements: Sequence[PlacementT],
-    request: ProvisionRequest,
-    known: list[str],
+    driver: VmDriver[InstanceT, PlacementT], order: LaunchOrder, placements: Sequence[PlacementT]
 ) -> Node:
-    """Launch a fresh node for `rank` (the old one already ended) and return it, running."""
-    launch(driver, cluster, [rank], placements, request, known)
-    node = next((n for n in driver.nodes(cluster) if n.rank == rank), None)
+    """Launch a fresh node for the order's one rank (the old one already ended); return it, running."""
+    (rank,) = order.ranks
+    launch(driver, order, placements)
+    node = next((n for n in driver.nodes(order.cluster) if n.rank == rank), None)
     if node is None or node.status is not NodeStatus.RUNNING:
-        raise ClusterError(f"{driver.name}: the replacement for rank {rank} of {cluster!r} is not running")
+        raise ClusterError(
+            f"{driver.name}: the replacement for rank {rank} of {order.cluster!r} is not running"
+        )
     return node

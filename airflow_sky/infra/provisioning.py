@@ -3,7 +3,6 @@ the image a task asks for, the driver's own record, and the emulators' endpoint 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import os
@@ -121,24 +120,6 @@ def update_record(store: StateStore, key: str, changes: dict[str, Any], what: st
         if store.put(key, data, current.version if current else None):
             return
     raise ClusterError(f"could not record {what} (too many concurrent writers)")
-
-
-@dataclasses.dataclass(frozen=True)
-class Endpoint:
-    """Where SSH reaches an instance, and the address the other nodes reach it at."""
-
-    host: str
-    port: int
-    user: str
-    internal_ip: str
-    host_key: str | None = None  # only from an emulator's resolver: its play node's key
-
-    @classmethod
-    def resolved(cls, found: dict[str, Any]) -> Endpoint:
-        """What an emulator's resolver answered (see resolver_from_env)."""
-        host_key = found.get("host_key")
-        port, user, ip = int(found["port"]), str(found["user"]), str(found["internal_ip"])
-        return cls(str(found["host"]), port, user, ip, host_key)
 
 
 def resolver_from_env(variable: str) -> Callable[[str], dict[str, Any]] | None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from airflow_sky.errors import SpecError
 from airflow_sky.task.diagnostics import SpecWarning
 from airflow_sky.task.job_recovery import JobRecovery
+from airflow_sky.task.mounts import StorageMount, is_bucket_uri
 from airflow_sky.task.overrides import parse_env_args, read_env_file
 from airflow_sky.task.resources import Resources, gpus_per_node
-from airflow_sky.task.task import GitWorkdir, StorageMount, Task, is_bucket_uri, load_task
+from airflow_sky.task.task import GitWorkdir, Task, load_task
 
 __all__ = [
     "GitWorkdir",

@@ -22,7 +22,7 @@ from airflow_sky.task.diagnostics import (
 from airflow_sky.task.env_values import checked_env_values, env_scalars_as_strings, env_values
 from airflow_sky.task.job_recovery import JobRecovery
 from airflow_sky.task.loading import LoadOptions, checked_options, file_options, refuse_internal, script
-from airflow_sky.task.mounts import FileMountSource, StorageMount, is_bucket_uri, parse_file_mounts
+from airflow_sky.task.mounts import FileMountSource, StorageMount, parse_file_mounts
 from airflow_sky.task.redaction import redact_json, redactor
 from airflow_sky.task.resources import Resources, build_resources
 from airflow_sky.task.schema import INERT_TASK_FIELDS, TASK_SCHEMA
@@ -34,7 +34,6 @@ P = ParamSpec("P")
 
 REDACTED = "<redacted>"
 _SUBSTITUTED_EXTRA = ("service", "volumes")  # inert fields SkyPilot fills envs into
-__all__ = ["GitWorkdir", "StorageMount", "Task", "is_bucket_uri", "load_task"]
 
 
 @dataclasses.dataclass(frozen=True)

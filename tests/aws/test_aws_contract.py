@@ -10,7 +10,7 @@ import pytest
 
 from airflow_sky.infra.aws.cloud import AwsCloud
 from airflow_sky.infra.aws.instances import Member
-from airflow_sky.infra.provisioning import Endpoint
+from airflow_sky.infra.base import Endpoint
 from tests.aws.conftest import REGION, ZONE, boto, live_instances, moto_image
 from tests.infra.contract import CloudContract
 

@@ -4,10 +4,12 @@ shapes), and local nodes play the VMs (tests/play_nodes.py, test-only)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
+from airflow_sky.infra.base import Endpoint
 from airflow_sky.infra.gcp import vms
 from airflow_sky.infra.gcp.cloud import GcpCloud
 from tests.gcp.conftest import REGION, ZONE
@@ -26,9 +28,9 @@ class FastGcpCloud(GcpCloud):
 
 
 class _ThirdNeverAnswers(FastGcpCloud):
-    def _endpoint(self, vm: vms.Vm) -> dict[str, Any]:
+    def _endpoint(self, vm: vms.Vm) -> Endpoint:
         endpoint = super()._endpoint(vm)
-        return endpoint | {"host": "127.0.0.254", "port": 1} if vm.rank == 2 else endpoint
+        return dataclasses.replace(endpoint, host="127.0.0.254", port=1) if vm.rank == 2 else endpoint
 
 
 class TestGcpCloud(CloudContract):

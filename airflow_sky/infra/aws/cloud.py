@@ -36,14 +36,12 @@ from airflow_sky.infra.aws import instances, launch_spec, network, pinning
 from airflow_sky.infra.aws.instances import Member
 from airflow_sky.infra.aws.members import AwsMembers
 from airflow_sky.infra.aws.placement import Placement
-from airflow_sky.infra.base import Cloud, Node, ProvisionRequest
+from airflow_sky.infra.base import Node, ProvisionRequest
 from airflow_sky.infra.keys import public_key_of
-from airflow_sky.infra.provisioner import Survey
+from airflow_sky.infra.provisioner import LaunchOrder, Survey
 from airflow_sky.infra.provisioning import (
     NoCapacity,
     image_for,
-    resolver_from_env,
-    wait_for_ssh,
 )
 from airflow_sky.task import Resources
 
@@ -54,19 +52,15 @@ log = logging.getLogger(__name__)
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_AWS_ENDPOINT_RESOLVER"
 
 
-class AwsCloud(AwsMembers, Cloud):
+class AwsCloud(AwsMembers):
     name = "aws"
     # Where the default image of each architecture is published (SSM parameters, one value per region).
     image_parameters = network.DEFAULT_IMAGE_PARAMETERS
+    console_timeout_s = 300.0  # for cloud-init to print the host keys; then the first contact's key
 
     def __init__(self, location: str = "", conn_id: str | None = None) -> None:
         super().__init__(conn_id)
-        self.region, self.zone = provisioner.parse_location("aws", location)
-        self._resolver = resolver_from_env(ENDPOINT_RESOLVER_ENV)
-        self.running_timeout_s = 600.0
-        self.console_timeout_s = 300.0
-        self.ssh_timeout_s = 600.0
-        self.poll_s = 3.0
+        self._pin(location, ENDPOINT_RESOLVER_ENV)
 
     # ---- provisioning ----------------------------------------------------------------------------------
 
@@ -125,15 +119,9 @@ class AwsCloud(AwsMembers, Cloud):
         assert region is not None
         self._wait_ready(cluster, region, instance_ids)
 
-    def launch(
-        self,
-        cluster: str,
-        ranks: list[int],
-        placement: Placement,
-        request: ProvisionRequest,
-        known: list[str],
-    ) -> list[str]:
-        """Bring up `ranks` in `placement`; returns the instance ids. Ends what it made when it fails."""
+    def launch(self, order: LaunchOrder, placement: Placement) -> list[str]:
+        """Bring up the order's ranks in `placement`; returns the instance ids. Ends what it made on failure."""
+        cluster, ranks, request, known = order.cluster, order.ranks, order.request, order.known
         s = self.settings
         region = placement.region
         ec2 = self._client("ec2", region)
@@ -242,7 +230,7 @@ class AwsCloud(AwsMembers, Cloud):
             for r, m in instances.current_members(self._members(cluster, region)).items()
         }
         nodes = [self._node(*ranked[i], region) for i in ids if i in ranked]
-        wait_for_ssh(self.name, nodes, self.settings.ssh_key_file, self.ssh_timeout_s, self.poll_s)
+        self._wait_ssh(nodes)
 
     def _wait_running(self, cluster: str, region: str, ids: list[str]) -> dict[str, Member]:
         deadline = time.monotonic() + self.running_timeout_s
@@ -313,9 +301,10 @@ class AwsCloud(AwsMembers, Cloud):
             image_id=launched.get("image"),
             disk_size=launched.get("disk_size"),
         )
-        request = ProvisionRequest(cluster_name, rank + 1, same)
-        known = [m.instance_id for m in members]
-        return provisioner.replace(self, cluster_name, rank, [placement, *others], request, known)
+        order = LaunchOrder(
+            ProvisionRequest(cluster_name, rank + 1, same), [rank], [m.instance_id for m in members]
+        )
+        return provisioner.replace(self, order, [placement, *others])
 
     # ---- autostop ----------------------------------------------------------------------------------
 

@@ -10,11 +10,8 @@ from typing import Any
 
 from airflow_sky.infra.aws.connection import AwsConnection
 from airflow_sky.infra.aws.state_store import DynamoDbStateStore, cluster_names
-from airflow_sky.infra.provisioning import update_record
-from airflow_sky.infra.state_store import StateStore
+from airflow_sky.infra.vm_cloud import VmCloud
 from airflow_sky.task.envs import ClusterInfo
-
-PLACEMENT_KEY = "placement"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,35 +26,28 @@ class Placement:
         return f"{self.zone} {self.instance_type}{' (spot)' if self.use_spot else ''}"
 
 
-class AwsClusterRecords(AwsConnection):
-    """The cluster records of an aws connection; `region` and `zone` are what `infra` pins, if anything."""
-
-    region: str | None
-    zone: str | None
-
-    def state_store(self, cluster_name: str) -> StateStore:
-        return self._store(cluster_name)
+class AwsClusterRecords(AwsConnection, VmCloud):
+    """The cluster records of an aws connection."""
 
     def _store(self, cluster_name: str) -> DynamoDbStateStore:
         s = self.settings
         return DynamoDbStateStore(self._client("dynamodb", s.state_region), s.state_table, cluster_name)
 
     def _placement(self, cluster_name: str) -> Placement | None:
-        record = self._store(cluster_name).get(PLACEMENT_KEY)
-        if record is None:
+        data = self._record(cluster_name)
+        if data is None:
             return None
-        return Placement(**{f.name: record.data[f.name] for f in dataclasses.fields(Placement)})
+        return Placement(**{f.name: data[f.name] for f in dataclasses.fields(Placement)})
 
     def _launch_settings(self, cluster_name: str) -> dict[str, Any]:
         """The image and disk the cluster was launched with: what a replacement node gets too."""
-        record = self._store(cluster_name).get(PLACEMENT_KEY)
-        return {k: record.data.get(k) for k in ("image", "disk_size", "shutdown")} if record else {}
+        data = self._record(cluster_name)
+        return {k: data.get(k) for k in ("image", "disk_size", "shutdown")} if data is not None else {}
 
     def _record_placement(self, cluster_name: str, placement: Placement, image: str, disk_size: int) -> None:
         # Merged: what autostop recorded (the shutdown behavior) stays for the nodes launched later.
-        changes = dataclasses.asdict(placement) | {"image": image, "disk_size": disk_size}
-        update_record(
-            self._store(cluster_name), PLACEMENT_KEY, changes, f"where cluster {cluster_name!r} lives"
+        self._update_record(
+            cluster_name, dataclasses.asdict(placement) | {"image": image, "disk_size": disk_size}
         )
 
     def _region_of(self, cluster_name: str) -> str | None:
@@ -78,10 +68,5 @@ class AwsClusterRecords(AwsConnection):
         s = self.settings
         return cluster_names(self._client("dynamodb", s.state_region), s.state_table)
 
-    def ssh_private_key(self, cluster_name: str) -> str:
-        return self.settings.ssh_key_file
-
     def _record_shutdown(self, cluster_name: str, behavior: str) -> None:
-        update_record(
-            self._store(cluster_name), PLACEMENT_KEY, {"shutdown": behavior}, "the autostop behavior"
-        )
+        self._update_record(cluster_name, {"shutdown": behavior}, "the autostop behavior")

@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any
 
 from airflow_sky.infra.keys import sky_settings, ssh_key_of
+from airflow_sky.infra.vm_cloud import VmSettings
 
 DEFAULT_CONN_ID = "aws_default"
 DEFAULT_REGION = "us-east-1"
@@ -46,17 +47,12 @@ _FIELDS = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class AwsSettings:
-    conn_id: str
-    ssh_key_file: str
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AwsSettings(VmSettings):
     ssh_user: str = "ubuntu"
-    ssh_cidr: str = "0.0.0.0/0"
     security_group: str = "airflow-sky"
     state_table: str = "airflow-sky-state"
     state_region: str = DEFAULT_REGION
-    use_private_ip: bool = False
-    regions: tuple[str, ...] | None = None
     iam_instance_profile: str | None = None  # a name or an ARN
 
 

@@ -32,18 +32,16 @@ from typing import Any
 
 from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra import catalog, optimizer, provisioner
-from airflow_sky.infra.base import Cloud, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.base import Endpoint, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.gcp import network, vms
 from airflow_sky.infra.gcp.api import GceError
 from airflow_sky.infra.gcp.placement import GcpClusterRecords, Placement
 from airflow_sky.infra.host_keys import host_key_from_console
 from airflow_sky.infra.keys import public_key_of
-from airflow_sky.infra.provisioner import Survey
+from airflow_sky.infra.provisioner import LaunchOrder, Survey
 from airflow_sky.infra.provisioning import (
     NoCapacity,
     image_for,
-    resolver_from_env,
-    wait_for_ssh,
 )
 from airflow_sky.task import Resources
 
@@ -55,18 +53,14 @@ DEFAULT_DISK_SIZE_GB = 256
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_GCP_ENDPOINT_RESOLVER"
 
 
-class GcpCloud(GcpClusterRecords, Cloud):
+class GcpCloud(GcpClusterRecords):
     name = "gcp"
     default_image = vms.DEFAULT_IMAGE
+    host_key_timeout_s = 300.0  # for the guest environment (or cloud-init) to publish the host keys
 
     def __init__(self, location: str = "", conn_id: str | None = None) -> None:
         super().__init__(conn_id)
-        self.region, self.zone = provisioner.parse_location("gcp", location)
-        self._resolver = resolver_from_env(ENDPOINT_RESOLVER_ENV)
-        self.running_timeout_s = 600.0
-        self.host_key_timeout_s = 300.0
-        self.ssh_timeout_s = 600.0
-        self.poll_s = 3.0
+        self._pin(location, ENDPOINT_RESOLVER_ENV)
 
     # ---- reading membership ----------------------------------------------------------------------------
 
@@ -95,26 +89,12 @@ class GcpCloud(GcpClusterRecords, Cloud):
         return sorted(nodes, key=lambda n: n.rank)
 
     def _node(self, rank: int, vm: vms.Vm, preempted: bool, host_key: str | None) -> Node:
-        endpoint = self._endpoint(vm)
-        return Node(
-            rank=rank,
-            internal_ip=str(endpoint["internal_ip"]),
-            ssh_host=str(endpoint["host"]),
-            ssh_port=int(endpoint["port"]),
-            ssh_user=str(endpoint["user"]),
-            instance_id=vm.name,
-            status=vms.status_of(vm, preempted),
-            gpus=catalog.accelerator_count("gcp", vm.machine_type),
-            host_key=host_key,
-            console_url=vms.console_url(self.settings.project, vm.zone, vm.name),
-        )
+        gpus = catalog.accelerator_count("gcp", vm.machine_type)
+        url = vms.console_url(self.settings.project, vm.zone, vm.name)
+        return self._endpoint(vm).node(rank, vm.name, vms.status_of(vm, preempted), gpus, host_key, url)
 
-    def _endpoint(self, vm: vms.Vm) -> dict[str, Any]:
-        if self._resolver is not None:
-            return self._resolver(vm.name)
-        s = self.settings
-        host = vm.internal_ip if s.use_private_ip else (vm.external_ip or vm.internal_ip)
-        return {"host": host or "", "port": 22, "user": s.ssh_user, "internal_ip": vm.internal_ip or ""}
+    def _endpoint(self, vm: vms.Vm) -> Endpoint:
+        return self._endpoint_of(vm.name, vm.internal_ip, vm.external_ip)
 
     # ---- provisioning ----------------------------------------------------------------------------------
 
@@ -171,15 +151,9 @@ class GcpCloud(GcpClusterRecords, Cloud):
         assert placement is not None  # the VMs waited for were launched there
         self._wait_ready(cluster, placement, instance_ids)
 
-    def launch(
-        self,
-        cluster: str,
-        ranks: list[int],
-        placement: Placement,
-        request: ProvisionRequest,
-        known: list[str],
-    ) -> list[str]:
-        """Bring up `ranks` in `placement`; returns the VM names. Deletes what it made when it fails."""
+    def launch(self, order: LaunchOrder, placement: Placement) -> list[str]:
+        """Bring up the order's ranks in `placement`; returns the VM names. Deletes what it made on failure."""
+        cluster, ranks, request, known = order.cluster, order.ranks, order.request, order.known
         s = self.settings
         resources = request.resources or Resources()
         autostop = resources.autostop if isinstance(resources.autostop, dict) else None
@@ -263,7 +237,7 @@ class GcpCloud(GcpClusterRecords, Cloud):
         self._update_record(cluster, {"host_keys": keys})
         ranked = {vm.name: (rank, vm) for rank, vm in vms.current_vms(self._vms(cluster, zone)).items()}
         nodes = [self._node(*ranked[n], False, keys.get(n)) for n in names if n in ranked]
-        wait_for_ssh(self.name, nodes, self.settings.ssh_key_file, self.ssh_timeout_s, self.poll_s)
+        self._wait_ssh(nodes)
 
     def _learn_host_key(self, vm: vms.Vm) -> str:
         if self._resolver is not None:
@@ -301,8 +275,8 @@ class GcpCloud(GcpClusterRecords, Cloud):
             disk_size=record.get("disk_size"),
         )
         request = ProvisionRequest(cluster_name, int(record.get("num_nodes", rank + 1)), same)
-        known = [v.name for v in current.values()]
-        return provisioner.replace(self, cluster_name, rank, [placement], request, known)
+        order = LaunchOrder(request, [rank], [v.name for v in current.values()])
+        return provisioner.replace(self, order, [placement])
 
     def _delete(self, zone: str, names: list[str]) -> None:
         operations = []

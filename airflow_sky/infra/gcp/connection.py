@@ -15,7 +15,7 @@ from airflow_sky.infra.keys import public_key_of
 class GcpConnection:
     """Credentials, settings and clients of one gcp connection; cached, safe to share between threads."""
 
-    poll_s = 3.0  # how often operations are polled (drivers and tests shorten it)
+    poll_s: float  # how often the driver polls: the API's operation polls are no slower
 
     def __init__(self, conn_id: str | None = None) -> None:
         self.conn_id = conn_id or DEFAULT_CONN_ID

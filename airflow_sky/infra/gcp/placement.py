@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from airflow_sky.infra.gcp.connection import GcpConnection
 from airflow_sky.infra.gcp.state_store import GcsStateStore, cluster_names, ensure_bucket
-from airflow_sky.infra.provisioning import update_record
-from airflow_sky.infra.state_store import StateStore
+from airflow_sky.infra.vm_cloud import VmCloud
 from airflow_sky.task.envs import ClusterInfo
-
-PLACEMENT_KEY = "placement"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,34 +27,19 @@ class Placement:
         return f"{self.zone} {self.machine_type}{' (spot)' if self.use_spot else ''}"
 
 
-class GcpClusterRecords(GcpConnection):
-    """The cluster records of a gcp connection; `region` and `zone` are what `infra` pins, if anything."""
-
-    region: str | None
-    zone: str | None
-
-    def state_store(self, cluster_name: str) -> StateStore:
-        return self._store(cluster_name)
+class GcpClusterRecords(GcpConnection, VmCloud):
+    """The cluster records of a gcp connection."""
 
     def _store(self, cluster_name: str) -> GcsStateStore:
         s = self.settings
         ensure_bucket(self._storage_client(), s.state_bucket, s.state_location)
         return GcsStateStore(self._storage_client(), s.state_bucket, cluster_name)
 
-    def _record(self, cluster_name: str) -> dict[str, Any] | None:
-        record = self._store(cluster_name).get(PLACEMENT_KEY)
-        return record.data if record else None
-
     def _placement(self, cluster_name: str) -> Placement | None:
         data = self._record(cluster_name)
         if data is None:
             return None
         return Placement(**{f.name: data[f.name] for f in dataclasses.fields(Placement) if f.name in data})
-
-    def _update_record(self, cluster_name: str, changes: dict[str, Any]) -> None:
-        update_record(
-            self._store(cluster_name), PLACEMENT_KEY, changes, f"where cluster {cluster_name!r} lives"
-        )
 
     def _zone_of(self, cluster_name: str) -> str | None:
         placement = self._placement(cluster_name)
@@ -76,6 +57,3 @@ class GcpClusterRecords(GcpConnection):
         s = self.settings
         ensure_bucket(self._storage_client(), s.state_bucket, s.state_location)
         return cluster_names(self._storage_client(), s.state_bucket)
-
-    def ssh_private_key(self, cluster_name: str) -> str:
-        return self.settings.ssh_key_file

@@ -32,6 +32,7 @@ from typing import Any
 
 from airflow_sky.errors import SpecError
 from airflow_sky.infra.keys import sky_settings, ssh_key_of
+from airflow_sky.infra.vm_cloud import VmSettings
 
 DEFAULT_CONN_ID = "google_cloud_default"
 _STRINGS = (
@@ -49,18 +50,13 @@ _STRINGS = (
 _FIELDS = (*_STRINGS, "ssh_private_key", "use_private_ip", "regions", "anonymous_credentials")
 
 
-@dataclasses.dataclass(frozen=True)
-class GcpSettings:
-    conn_id: str
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GcpSettings(VmSettings):
     project: str
-    ssh_key_file: str
     ssh_user: str = "gcpuser"
-    ssh_cidr: str = "0.0.0.0/0"
     network: str = "default"
     state_bucket: str = ""
     state_location: str = "US"
-    use_private_ip: bool = False
-    regions: tuple[str, ...] | None = None
     compute_endpoint: str | None = None
     storage_endpoint: str | None = None
     anonymous_credentials: bool = False
