@@ -43,7 +43,7 @@ class Endpoint:
 
     @classmethod
     def resolved(cls, found: dict[str, Any]) -> Endpoint:
-        """What an emulator's resolver answered (see resolver_from_env)."""
+        """What an emulator's resolver answered (see provisioning.resolver_from_env)."""
         host_key = found.get("host_key")
         port, user, ip = int(found["port"]), str(found["user"]), str(found["internal_ip"])
         return cls(str(found["host"]), port, user, ip, host_key)
