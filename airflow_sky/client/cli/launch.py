@@ -1,4 +1,4 @@
-"""`airflow-sky launch | exec | status | down`: run jobs and manage clusters, like `sky` does."""
+"""`airflow-sky launch | exec`: run jobs on a cluster (launched or reused), like `sky launch` and `sky exec`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from airflow_sky.client.cli.arguments import add_task_overrides
 from airflow_sky.errors import SpecError
@@ -74,48 +72,6 @@ def register(subparsers: Any) -> None:
     add_task_overrides(exec_)
     exec_.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
     exec_.set_defaults(handler=_exec)
-
-    status = subparsers.add_parser("status", help="show clusters and their nodes")
-    status.add_argument("clusters", nargs="*", help="only these clusters")
-    status.add_argument(
-        "--infra",
-        help="infra to query (default: local; named clusters: where they were launched, else every infra "
-        "configured here)",
-    )
-    status.set_defaults(handler=_status)
-
-    down_cmd = subparsers.add_parser(
-        "down", help="tear clusters down (asks first on a terminal, as sky does)"
-    )
-    down_cmd.add_argument("clusters", nargs="+", help="cluster names")
-    down_cmd.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    down_cmd.set_defaults(handler=_down)
-
-    stop = subparsers.add_parser(
-        "stop",
-        help="stop a cluster's nodes, keeping their disks (local, aws, gcp); `start` or a launch restarts",
-    )
-    stop.add_argument("clusters", nargs="+", help="cluster names")
-    stop.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    stop.set_defaults(handler=_stop)
-
-    start = subparsers.add_parser("start", help="start a stopped cluster again (same disks)")
-    start.add_argument("clusters", nargs="+", help="cluster names")
-    start.add_argument("-y", "--yes", action="store_true", help="accepted, as sky's; start never asks")
-    start.set_defaults(handler=_start)
-
-    autostop = subparsers.add_parser(
-        "autostop", help="stop (or, with --down, end) a cluster's nodes once idle for N minutes"
-    )
-    autostop.add_argument("clusters", nargs="+", help="cluster names")
-    when = autostop.add_mutually_exclusive_group(required=True)
-    when.add_argument(
-        "-i", "--idle-minutes", type=int, metavar="N", help="idle minutes before the nodes stop themselves"
-    )
-    when.add_argument("--cancel", action="store_true", help="cancel the cluster's autostop")
-    autostop.add_argument("--down", action="store_true", help="end the nodes (autodown) instead of stopping")
-    autostop.add_argument("-y", "--yes", action="store_true", help="accepted, as sky's; autostop never asks")
-    autostop.set_defaults(handler=_autostop)
 
 
 def task_with_overrides(args: argparse.Namespace, *, worker_is_here: bool = True) -> Task:
@@ -244,7 +200,9 @@ def _run(
         autostop = task.resources.autostop
         when = ""
         if isinstance(autostop, dict):
-            when = "; " + _idle_limit(autostop["idle_minutes"], bool(autostop["down"]))
+            from airflow_sky.client.cli.clusters import idle_limit
+
+            when = "; " + idle_limit(autostop["idle_minutes"], bool(autostop["down"]))
         console.print(
             f"Cluster {outcome.cluster_name} is kept{when}. Down now with: airflow-sky down {outcome.cluster_name}"
         )
@@ -388,97 +346,3 @@ def _exec(args: argparse.Namespace) -> int:
         args.file,
         launch_command=suggested,
     )
-
-
-def _status(args: argparse.Namespace) -> int:
-    from airflow_sky.client import sdk
-    from airflow_sky.client.cli.cluster_jobs import terminal_console
-
-    clusters = sdk.status(args.clusters or None, infra=args.infra)
-    console = terminal_console()
-    if not clusters:
-        console.print(f"No clusters on {args.infra or 'local'}.")
-        return 0
-    infras = sorted({c["infra"] for c in clusters if c.get("infra")})
-    by_infra = len(infras) > 1  # named clusters on several infras: a column says which
-    table = Table(title=f"Clusters ({escape(infras[0])})" if len(infras) == 1 else "Clusters")
-    for column in ("NAME", *(["INFRA"] if by_infra else []), "NODES", "HEAD IP", "STATUS"):
-        table.add_column(column, overflow="fold")
-    for cluster in clusters:
-        nodes = cluster["nodes"]
-        table.add_row(
-            cluster["name"],
-            *([escape(cluster.get("infra") or "-")] if by_infra else []),
-            str(len(nodes)),
-            nodes[0]["internal_ip"] if nodes else "-",
-            cluster["status"],
-        )
-    console.print(table)
-    for cluster in clusters:
-        if cluster.get("note"):
-            print(f"{cluster['name']}: {cluster['note']}")
-    return 0
-
-
-def _confirm(args: argparse.Namespace, question: str) -> bool:
-    """Ask on a terminal unless -y, as sky does; without a terminal (a script, CI) never ask."""
-    if args.yes or not sys.stdin.isatty():
-        return True
-    answer = input(f"{question} Proceed? [y/N] ")
-    return answer.strip().lower() in ("y", "yes")
-
-
-def _down(args: argparse.Namespace) -> int:
-    from airflow_sky.client import sdk
-
-    if not _confirm(
-        args, f"Terminating cluster(s) {', '.join(args.clusters)}: their nodes and disks are deleted."
-    ):
-        print("Aborted.")
-        return 1
-    for name in args.clusters:
-        sdk.down(name)
-        print(f"Cluster {name} terminated.")
-    return 0
-
-
-def _stop(args: argparse.Namespace) -> int:
-    from airflow_sky.client import sdk
-
-    if not _confirm(args, f"Stopping cluster(s) {', '.join(args.clusters)} (disks are kept)."):
-        print("Aborted.")
-        return 1
-    for name in args.clusters:
-        sdk.stop(name)
-        print(f"Cluster {name} stopped. Start it again with: airflow-sky start {name}")
-    return 0
-
-
-def _start(args: argparse.Namespace) -> int:
-    from airflow_sky.client import sdk
-
-    for name in args.clusters:
-        sdk.start(name)
-        print(f"Cluster {name} started.")
-    return 0
-
-
-def _autostop(args: argparse.Namespace) -> int:
-    from airflow_sky.client import sdk
-
-    for name in args.clusters:
-        if args.cancel:
-            sdk.autostop(name, None)
-            print(f"Autostop of cluster {name} cancelled.")
-            continue
-        sdk.autostop(name, args.idle_minutes, down=args.down)
-        print(f"Cluster {name}: {_idle_limit(args.idle_minutes, args.down)}.")
-    return 0
-
-
-def _idle_limit(asked_minutes: int, down: bool) -> str:
-    """The idle limit the nodes' watchers apply (the one this process arms them with), in words."""
-    from airflow_sky.client.cli.idle import idle_limit_text
-    from airflow_sky.infra.cluster import autostop_check_s
-
-    return idle_limit_text(asked_minutes, autostop_check_s(), down)
