@@ -12,37 +12,34 @@ records and the lock, and leaves the machine. Where the truth lives:
 Node status: RUNNING when the host answers and still holds the allocation's lock, TERMINATED when its lock
 is gone or another cluster's, UNREACHABLE when it does not answer (a failure, not a preemption: recovery
 puts a spare host in its place, or fails naming it when the pool has none).
+
+The pool's hosts, their pinned keys and connections: pool_hosts.py; the rules of handing hosts out (GPUs,
+the message when none is free): allocation.py.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import secrets
 import socket
-import threading
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
-
-import paramiko
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from airflow_sky.errors import ClusterError, RemoteError
 from airflow_sky.infra import gpus as gpu_rules
-from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
-from airflow_sky.infra.home import user_known_hosts
+from airflow_sky.infra.base import Cloud, ClusterInfo, Endpoint, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.ssh import hosts
-from airflow_sky.infra.ssh.pools import Pool, PoolHost, is_ip, load_pool
+from airflow_sky.infra.ssh.allocation import accelerators_of, gpu_count, no_host_message
+from airflow_sky.infra.ssh.pool_hosts import PoolHosts
+from airflow_sky.infra.ssh.pools import PoolHost, is_ip
 from airflow_sky.infra.ssh.state_store import SshStateStore, list_clusters
 from airflow_sky.infra.state_store import StateStore
-from airflow_sky.node.client import NodeClient
 
 log = logging.getLogger(__name__)
 
 NODES_KEY = "nodes"  # the cluster's membership record in its StateStore
-MAX_PARALLEL = 32  # hosts talked to at once (an sshd's MaxStartups drops bursts beyond ~10-30)
-_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,33 +66,10 @@ class HostStatus:
     facts: hosts.HostFacts | None = None
 
 
-class SshCloud(Cloud):
+class SshCloud(PoolHosts, Cloud):
     """Cloud driver for an ssh node pool. `infra` is `ssh/<pool>`; `conn_id` selects a connection pool."""
 
     name = "ssh"
-
-    def __init__(
-        self, pool: str | None = None, conn_id: str | None = None, pool_obj: Pool | None = None
-    ) -> None:
-        if not pool and pool_obj is None:
-            raise ClusterError("infra: the ssh infra needs a pool: ssh/<pool> (e.g. --infra ssh/my-box)")
-        self.pool_name = pool_obj.name if pool_obj else str(pool)
-        self.conn_id = conn_id
-        self._pool = pool_obj
-        self._clients: dict[str, NodeClient] = {}
-        self._clients_lock = threading.Lock()
-        self._host_keys: paramiko.HostKeys | None = None
-
-    @property
-    def pool(self) -> Pool:
-        if self._pool is None:
-            if self.conn_id:
-                from airflow_sky.infra.ssh.connection import load_connection_pool
-
-                self._pool = load_connection_pool(self.pool_name, self.conn_id)
-            else:
-                self._pool = load_pool(self.pool_name)
-        return self._pool
 
     # ---- Cloud interface -------------------------------------------------------------------------------
 
@@ -104,7 +78,7 @@ class SshCloud(Cloud):
 
     def provision(self, request: ProvisionRequest) -> list[Node]:
         cluster = request.cluster_name
-        accelerators = _accelerators(request)
+        accelerators = accelerators_of(request)
         store = self._store(cluster)
         record = store.get(NODES_KEY)
         members = _members(record.data if record else None)
@@ -295,7 +269,7 @@ class SshCloud(Cloud):
                     held.append(f"{host.label}: {holder.describe()}")
                     continue
                 ip = hosts.internal_ip(_resolved(host.address), facts.addresses)
-                chosen.append(Member(rank, host.label, token, self._gpu_count(facts.gpus, accelerators), ip))
+                chosen.append(Member(rank, host.label, token, gpu_count(facts.gpus, accelerators), ip))
                 pending.pop(0)
         except BaseException:
             for member in chosen:
@@ -305,57 +279,19 @@ class SshCloud(Cloud):
             for member in chosen:
                 self._release_quietly(self._host(member.host), member.token)
             raise ClusterError(
-                self._no_host_message(
-                    cluster, pending, num_nodes, held, unsuitable, down, accelerators, replacing
+                no_host_message(
+                    self.pool_name,
+                    cluster,
+                    pending,
+                    num_nodes,
+                    held,
+                    unsuitable,
+                    down,
+                    accelerators,
+                    replacing,
                 )
             )
         return chosen
-
-    def _no_host_message(
-        self,
-        cluster: str,
-        pending: Sequence[int],
-        num_nodes: int,
-        held: list[str],
-        unsuitable: list[tuple[str, gpu_rules.Gpus]],
-        down: list[str],
-        accelerators: dict[str, float] | None,
-        replacing: str | None,
-    ) -> str:
-        if replacing is not None:
-            head = (
-                f"ssh/{self.pool_name}: host {replacing} (rank {pending[0]} of cluster {cluster!r}) is lost "
-                "and the pool has no free host to replace it"
-            )
-        else:
-            head = (
-                f"ssh/{self.pool_name}: not enough free hosts for cluster {cluster!r} "
-                f"({len(pending)} more needed of {num_nodes})"
-            )
-        parts = [head]
-        if (
-            unsuitable
-            and all(gpu_rules.satisfies(g, accelerators) is None for _, g in unsuitable)
-            and not held
-        ):
-            parts.append(
-                f"no host has {gpu_rules.requested_summary(accelerators)} "
-                f"({gpu_rules.describe_hosts(unsuitable)})"
-            )
-        elif unsuitable:
-            parts.append(
-                f"without {gpu_rules.requested_summary(accelerators)}: {gpu_rules.describe_hosts(unsuitable)}"
-            )
-        if held:
-            parts.append("held: " + "; ".join(held))
-        if down:
-            parts.append("cannot be used: " + "; ".join(down))
-        return ". ".join(parts)
-
-    @staticmethod
-    def _gpu_count(gpus: gpu_rules.Gpus, accelerators: dict[str, float] | None) -> int:
-        chosen = gpu_rules.satisfies(gpus, accelerators)
-        return gpu_rules.matching_count(gpus, chosen) if chosen else gpus.count
 
     def _write_members(self, store: SshStateStore, cluster: str, changes: dict[int, Member]) -> None:
         """Merge `changes` into the membership record (compare-and-swap, re-read on a lost race)."""
@@ -383,108 +319,12 @@ class SshCloud(Cloud):
         return self._node(member, host, NodeStatus.RUNNING if ours else NodeStatus.TERMINATED)
 
     def _node(self, member: Member, host: PoolHost | None, status: NodeStatus) -> Node:
-        address = host.address if host else member.host.rpartition("@")[2]
-        return Node(
-            rank=member.rank,
-            internal_ip=member.ip,
-            ssh_host=address,
-            ssh_port=host.port if host else 22,
-            ssh_user=host.user if host else member.host.partition("@")[0],
-            instance_id=f"{member.host}#{member.token}",
-            status=status,
-            gpus=member.gpus,
-            host_key=self._known_key(host) if host else None,
-        )
-
-    # ---- hosts and connections -------------------------------------------------------------------------
-
-    def _host(self, label: str) -> PoolHost:
-        host = self.pool.host(label)
-        if host is None:
-            raise ClusterError(
-                f"ssh/{self.pool_name}: host {label} is no longer in the pool ({self.pool.source})"
-            )
-        return host
-
-    def _index(self, label: str) -> int:
-        host = self.pool.host(label)
-        return host.index if host else -1
-
-    def _pinned_key(self, host: PoolHost) -> str:
-        """The host's key from the pool's connection or known_hosts; unknown hosts are refused."""
-        if self._host_keys is None:
-            keys = paramiko.HostKeys()
-            path = user_known_hosts()
-            if path.is_file():
-                with contextlib.suppress(OSError):
-                    keys.load(str(path))
-            for line in self.pool.known_hosts:
-                entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
-                if entry is not None and entry.key is not None:
-                    for name in entry.hostnames:
-                        keys.add(name, entry.key.get_name(), entry.key)
-            self._host_keys = keys
-        found = self._host_keys.lookup(host.known_hosts_name)
-        if not found:
-            port = "" if host.port == 22 else f"-p {host.port} "
-            raise ClusterError(
-                f"ssh/{self.pool_name}: host {host.label} (hosts[{host.index}] in {self.pool.source}) has no "
-                f"known host key in {user_known_hosts()}; airflow-sky never trusts a key on first use. Check the "
-                f"host's fingerprint, then add it: ssh-keyscan {port}{host.address} >> {user_known_hosts()}"
-                " (or put the line in the pool connection's extra `known_hosts`)"
-            )
-        preferred = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "ssh-rsa")
-        key_type = next((t for t in preferred if t in found), next(iter(found.keys())))
-        key = found[key_type]
-        return f"{key.get_name()} {key.get_base64()}"
-
-    def _known_key(self, host: PoolHost) -> str | None:
-        try:
-            return self._pinned_key(host)
-        except ClusterError:
-            return None
-
-    def _client(self, host: PoolHost) -> NodeClient:
-        """This driver's connection to `host` (kept open: nodes() is polled), opened on first use."""
-        with self._clients_lock:
-            client = self._clients.get(host.label)
-            if client is None:
-                node = Node(
-                    rank=host.index,
-                    internal_ip=host.address,
-                    ssh_host=host.address,
-                    ssh_port=host.port,
-                    ssh_user=host.user,
-                    instance_id=host.label,
-                    host_key=self._pinned_key(host),
-                )
-                client = self._clients[host.label] = NodeClient(
-                    node, str(host.identity_file), conn_retry_attempts=1
-                )
-            return client
-
-    def _try_read_lock(self, host: PoolHost) -> tuple[hosts.HostLock | None, str | None]:
-        try:
-            return hosts.read_lock(self._client(host)), None
-        except (RemoteError, OSError, paramiko.SSHException) as e:  # a transport that broke mid-request
-            return None, hosts.unusable_reason(e)
-
-    def _try_probe(self, host: PoolHost) -> tuple[hosts.HostFacts | None, str | None]:
-        try:
-            return hosts.probe(self._client(host)), None
-        except (RemoteError, OSError, paramiko.SSHException) as e:
-            return None, hosts.unusable_reason(e)
-
-    def _release_quietly(self, host: PoolHost, token: str) -> None:
-        with contextlib.suppress(RemoteError, ClusterError):
-            hosts.release(self._client(host), token)
-
-    @staticmethod
-    def _map(items: Sequence[Any], fn: Callable[[Any], _T]) -> list[_T]:
-        if len(items) <= 1:
-            return [fn(item) for item in items]
-        with concurrent.futures.ThreadPoolExecutor(min(MAX_PARALLEL, len(items))) as pool:
-            return list(pool.map(fn, items))
+        if host is not None:
+            endpoint = Endpoint(host.address, host.port, host.user, member.ip)
+        else:  # what the label says: user@address
+            endpoint = Endpoint(member.host.rpartition("@")[2], 22, member.host.partition("@")[0], member.ip)
+        host_key = self._known_key(host) if host else None
+        return endpoint.node(member.rank, f"{member.host}#{member.token}", status, member.gpus, host_key)
 
 
 def _members(data: dict[str, Any] | None) -> dict[int, Member]:
@@ -509,14 +349,3 @@ def _resolved(address: str) -> str:
     with contextlib.suppress(OSError):
         return socket.gethostbyname(address)
     return address
-
-
-def _accelerators(request: ProvisionRequest) -> dict[str, float] | None:
-    resources = request.resources
-    if resources is None:
-        return None
-    merged: dict[str, float] = {}
-    for candidate in resources.candidates():
-        for name, count in (candidate.accelerators or {}).items():
-            merged.setdefault(name, float(count))
-    return merged or None
