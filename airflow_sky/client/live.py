@@ -20,11 +20,10 @@ from airflow.sdk.listener import get_listener_manager
 
 from airflow_sky.client.events import Event, Listener
 from airflow_sky.errors import JobFailed, RemoteError
+from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import KILLED_EXIT_CODE, PHASES, JobHandle, Phase
-from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.state import JobState
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.log_tail import LogTail
 
@@ -120,10 +119,10 @@ class LogOrder:
 class _RankLog:
     """One rank's log of one phase, following the job's generations (a recovery starts a new one)."""
 
-    def __init__(self, phase: Phase, rank: int, job_id: str, emit: Callable[[str], None]) -> None:
+    def __init__(self, job: GangJob, phase: Phase, rank: int, emit: Callable[[str], None]) -> None:
+        self.job = job
         self.phase = phase
         self.rank = rank
-        self.job_id = job_id
         self.emit = emit
         self.tail: LogTail | None = None
         self.next_check = 0.0
@@ -149,10 +148,10 @@ class _RankLog:
             generation = state.generation if self.phase == "run" else state.setup_generation(self.rank)
             if self.tail is not None and generation <= self.tail.generation:
                 return False
-            if jobs.read_job(client, self.job_id, generation, 0, max_bytes=0).missing:
+            if not self.job.started(client, self.phase, generation):
                 return False  # not started on its node yet
             self.new_generation = self.tail is not None
-            self.tail = LogTail(client, self.job_id, generation, self.phase == "setup", self.emit, keep=0)
+            self.tail = self.job.log_tail(client, self.phase, generation, self.emit, keep=0)
         self.tail.client = client  # a replaced node answers on a new connection
         caught_up = self.tail.poll().caught_up
         if (
@@ -185,15 +184,15 @@ class NodeLogs:
         self.handle = handle
         self._sink = sink
         self._redact = redact
+        self._job = GangJob.of(cluster, handle)
         self._logs = [
-            _RankLog(phase, node.rank, handle.remote_job_id(phase), self._emitter(phase, node.rank))
+            _RankLog(self._job, phase, node.rank, self._emitter(phase, node.rank))
             for phase in phases
             for node in handle.phase_nodes(phase)
         ]
         self._active: set[Phase] = set()
         self._announced = handle.generation  # the newest relaunch claim told to the sink
         self._nodes = {n.rank: n for n in handle.nodes}
-        self._states = job_states(cluster)
         self._clients: dict[int, NodeClient] = {}
         self._down_until: dict[int, float] = {}
         self._stop = threading.Event()
@@ -257,7 +256,7 @@ class NodeLogs:
 
     def _read_all(self, final: bool, reconnect: bool) -> bool:
         busy = False
-        state = self._states.get(self.handle.job_id)
+        state = self._job.state()
         self._announce_relaunch(state)
         for log in self._logs:
             if log.phase not in self._active:

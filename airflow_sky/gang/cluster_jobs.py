@@ -7,9 +7,7 @@ phase's watch for one round, so the status shown is the nodes' truth.
 
 from __future__ import annotations
 
-import functools
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -19,14 +17,14 @@ from typing import Any
 from airflow_sky.errors import ClusterError, RemoteError
 from airflow_sky.gang import job_queue
 from airflow_sky.gang import state as js
+from airflow_sky.gang.follow import read_to_end
+from airflow_sky.gang.gang_job import GangJob, phase_ranks
 from airflow_sky.gang.job import PHASES, JobHandle, JobStatus, Phase, remote_job_id
+from airflow_sky.gang.log_files import copy_log, last_lines_offset
 from airflow_sky.gang.phases import job_states
-from airflow_sky.gang.watcher import PhaseWatcher, kill_ranks
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
-from airflow_sky.node.log_tail import LogTail
 from airflow_sky.node.logs import node_prefix
 from airflow_sky.task import Task
 
@@ -95,45 +93,17 @@ class ClusterJobs:
 
     @staticmethod
     def phase_ranks(state: js.JobState, phase: Phase) -> list[int]:
-        ranks = sorted(int(n["rank"]) for n in state.nodes)
-        return ranks if phase == "setup" else ranks[: state.num_nodes]
+        return phase_ranks(state, phase)
+
+    def job(self, job_id: int) -> GangJob:
+        return GangJob(self.cluster, job_id, states=self.states)
 
     def refresh(self, state: js.JobState) -> js.JobState:
-        """A running job nobody watches (its launcher is gone): one watcher round writes the nodes' truth."""
-        if state.status not in (JobStatus.SETTING_UP, JobStatus.RUNNING) or not state.nodes:
-            return state
-        phase: Phase = "setup" if state.status is JobStatus.SETTING_UP else "run"
-        generation = state.generation if phase == "run" else 0
-        key = js.phase_key(phase, generation)
+        """A running job nobody watches (its launcher is gone): one watch round writes the nodes' truth."""
         try:
-            stale = self._lapsed_watch(state.job_id, key)
-            if state.watcher(key) is not None and stale is None:
-                return state
-            state, _ = self.states.update(state.job_id, lambda s: js.take_watch(s, key, self.owner, stale))
-            if state.watcher(key) != self.owner:
-                return state
-            nodes = [n for n in state.job_nodes if n.rank in self.phase_ranks(state, phase)]
-            watcher = PhaseWatcher(self.cluster, self.states, state.job_id, phase, generation, nodes)
-            try:
-                state = watcher.round(state)
-            finally:
-                watcher.close()
-            state, _ = self.states.update(state.job_id, lambda s: js.drop_watch(s, key, self.owner))
+            return self.job(state.job_id).refresh(state, self.owner)
         except RemoteError:
-            pass  # the status stays as recorded
-        return state
-
-    def _lapsed_watch(self, job_id: int, key: str) -> tuple[str, int] | None:
-        """The watch on `key` when its holder is gone: a holder renews every few seconds, so a job record not
-        written for WATCH_LEASE_S (on the state store's own clock; this one-shot reader has no time to watch
-        the counter stand still) has none alive. None when the watch is free or may be held."""
-        record = self.states.store.get(self.states.key(job_id))
-        if record is None or record.written_at is None:
-            return None
-        current = js.JobState.from_dict(record.data).watchers.get(key)
-        if current is None or self.states.store.now() - record.written_at < js.WATCH_LEASE_S:
-            return None
-        return current
+            return state  # the status stays as recorded
 
     # ---- cancel ----------------------------------------------------------------------------------------
 
@@ -158,35 +128,9 @@ class ClusterJobs:
             targets = [s for s in every if not s.status.is_terminal][-1:]
         cancelled = []
         for target in targets:
-            state, changed = self.states.update(target.job_id, lambda s: js.cancel(s, reason, time.time()))
-            if not changed:
-                continue
-            if _ever_admitted(state):
-                self._kill(state)
-            cancelled.append(state.job_id)
+            if self.job(target.job_id).cancel_everywhere(reason):
+                cancelled.append(target.job_id)
         return cancelled
-
-    def _kill(self, state: js.JobState) -> None:
-        """Every rank of every phase, whoever else watches: a cancel must not wait for a watcher round."""
-        nodes = {n.rank: n for n in state.job_nodes}
-        for phase in PHASES:
-            generations = {0, state.generation}
-            ranks = self.phase_ranks(state, phase)
-            with self.cluster.clients(
-                [nodes[r] for r in ranks if r in nodes], conn_retry_attempts=1
-            ) as clients:
-                for generation in sorted(generations):
-                    kill_ranks(
-                        clients,
-                        remote_job_id(state.job_id, phase),
-                        generation,
-                        sig=signal.SIGTERM,
-                        grace_s=5.0,
-                        record_exit_code=128 + signal.SIGTERM,
-                    )
-                    self.states.update(
-                        state.job_id, functools.partial(_killed, phase=phase, generation=generation)
-                    )
 
     # ---- logs ------------------------------------------------------------------------------------------
 
@@ -243,46 +187,29 @@ class ClusterJobs:
         follow: bool,
         tail_lines: int = 0,
     ) -> None:
-        job = remote_job_id(state.job_id, phase)
+        job = self.job(state.job_id)
         node = next((n for n in state.job_nodes if n.rank == rank), None) or next(
             n for n in self.nodes if n.rank == rank
         )
         client = self.cluster.client(node)
-        tail: LogTail | None = None
         waiting_since = time.monotonic()
         try:
-            while True:
-                if tail is None:
-                    generation = self._started_generation(state, phase, rank, client)
-                    if (
-                        generation is None
-                    ):  # not started (yet, or never: exec has no setup, a failed setup no run)
-                        status = self._status(state)
-                        if not follow or _phase_over(status, phase):
-                            return
-                        if status in (JobStatus.INIT, JobStatus.PENDING):
-                            if time.monotonic() - waiting_since > self.pending_limit_s:
-                                emit(rank, self._stuck_message(state, node, phase, status))
-                                return
-                        else:
-                            waiting_since = time.monotonic()
-                        time.sleep(1.0)
-                        continue
-                    tail = LogTail(
-                        client,
-                        job,
-                        generation,
-                        phase == "setup",
-                        lambda line: emit(rank, line),
-                        offset=_last_lines_offset(client, job, generation, tail_lines),
-                        keep=0,
-                    )
-                poll = tail.poll()
-                if tail.ended or (not follow and poll.caught_up):
-                    tail.flush()
+            while (generation := self._started_generation(job, state, phase, rank, client)) is None:
+                # Not started (yet, or never: exec has no setup, a failed setup no run).
+                status = self._status(state)
+                if not follow or _phase_over(status, phase):
                     return
-                if poll.caught_up:
-                    time.sleep(0.5)
+                if status not in (JobStatus.INIT, JobStatus.PENDING):
+                    waiting_since = time.monotonic()
+                elif time.monotonic() - waiting_since > self.pending_limit_s:
+                    emit(rank, self._stuck_message(state, node, phase, status))
+                    return
+                time.sleep(1.0)
+            offset = last_lines_offset(client, job.remote_id(phase), generation, tail_lines)
+            tail = job.log_tail(
+                client, phase, generation, lambda line: emit(rank, line), offset=offset, keep=0
+            )
+            read_to_end(tail, until_caught_up=not follow)
         except RemoteError as e:
             emit(
                 rank, f"{node_prefix(rank, None, node.internal_ip, phase == 'setup')} [log unavailable: {e}]"
@@ -310,7 +237,7 @@ class ClusterJobs:
                 path = target / (f"setup-{role}.log" if phase == "setup" else f"{rank}-{role}.log")
                 client = self.cluster.client(nodes.get(rank) or next(n for n in self.nodes if n.rank == rank))
                 try:
-                    if _copy_log(client, remote_job_id(state.job_id, phase), generation, path):
+                    if copy_log(client, remote_job_id(state.job_id, phase), generation, path):
                         written.append(path)
                 finally:
                     client.close()
@@ -321,13 +248,12 @@ class ClusterJobs:
         return current.status if current else state.status
 
     def _started_generation(
-        self, state: js.JobState, phase: Phase, rank: int, client: NodeClient
+        self, job: GangJob, state: js.JobState, phase: Phase, rank: int, client: NodeClient
     ) -> int | None:
         """The generation of `rank`'s phase job to show (the job state's), once it has started on the node."""
         current = self.states.get(state.job_id) or state
         generation = current.generation if phase == "run" else current.setup_generation(rank)
-        poll = jobs.read_job(client, remote_job_id(state.job_id, phase), generation, 0, max_bytes=0)
-        return None if poll.missing else generation
+        return generation if job.started(client, phase, generation) else None
 
     def _stuck_message(self, state: js.JobState, node: Node, phase: Phase, status: JobStatus) -> str:
         job_id = state.job_id
@@ -350,47 +276,6 @@ def _phase_over(status: JobStatus, phase: Phase) -> bool:
     return status.is_terminal
 
 
-def _last_lines_offset(client: NodeClient, job: str, generation: int, lines: int) -> int:
-    """Where the last `lines` lines of a job's log begin (0: the whole log, also for lines <= 0)."""
-    if lines <= 0:
-        return 0
-    size = jobs.read_job(client, job, generation, 0, max_bytes=0, want_pid=False).log_size
-    window = 64 * 1024
-    while True:
-        start = max(0, size - window)
-        data = jobs.read_job(client, job, generation, start, max_bytes=size - start, want_pid=False).data
-        body = data[:-1] if data.endswith(b"\n") else data  # a last line without its newline yet counts
-        breaks = [i for i, byte in enumerate(body) if byte == 0x0A]
-        if len(breaks) >= lines:
-            return start + breaks[-lines] + 1
-        if start == 0:
-            return 0
-        window *= 4
-
-
-def _copy_log(client: NodeClient, job: str, generation: int, path: Path) -> bool:
-    """A node's whole log of one job phase into `path`; False when it never started there."""
-    offset = 0
-    with path.open("wb") as out:
-        while True:
-            poll = jobs.read_job(client, job, generation, offset, want_pid=False)
-            if poll.missing:
-                break
-            out.write(poll.data)
-            offset = poll.next_offset
-            if not poll.data or offset >= poll.log_size:
-                return True
-    path.unlink()
-    return False
-
-
-def _ever_admitted(state: js.JobState) -> bool:
-    """Could the job have started anything on its nodes? A job that waited in the queue until its cancel
-    did not (its start reads the CANCELLED status first), so there is nothing to kill."""
-    entry = state.info.get(job_queue.QUEUE_INFO_KEY)
-    return not isinstance(entry, dict) or job_queue.is_admitted(state) or "reason" not in entry
-
-
 def wait_in_queue(
     cluster: Cluster, task: Task, handle: JobHandle, runs_setup: bool, say: Callable[[str], None]
 ) -> None:
@@ -408,7 +293,3 @@ def queue_blockers(cluster: Cluster, task: Task) -> dict[int, tuple[int, ...]]:
     demand = job_queue.demand_of(task, nodes, runs_setup=False)
     capacity = {n.rank: float(n.gpus) for n in nodes}
     return job_queue.ahead_of_new_job(job_states(cluster), demand, capacity)
-
-
-def _killed(state: js.JobState, phase: Phase, generation: int) -> js.JobState:
-    return js.phase_killed(state, phase, generation)

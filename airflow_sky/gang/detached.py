@@ -15,12 +15,10 @@ import os
 import time
 from collections.abc import Sequence
 
-from airflow_sky.gang import state as js
+from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
-from airflow_sky.gang.phases import job_states, start_rank
 from airflow_sky.gang.relaunch import current_handle
-from airflow_sky.gang.watch_lease import WatchHold
-from airflow_sky.gang.watcher import PhaseWatcher
+from airflow_sky.gang.watcher import PhaseWatch
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.task import Task
 
@@ -37,44 +35,41 @@ def drive(
     poll_interval_s: float = POLL_INTERVAL_S,
 ) -> JobStatus:
     """Run the job's remaining `phases` to their end; returns the job's status as the job state has it."""
-    states = job_states(cluster)
+    job = GangJob.of(cluster, handle)
     owner = f"detached-{os.getpid()}"
     for phase in phases:
-        state = states.require(handle.job_id)
+        state = job.require()
         if state.status.is_terminal:
             log.info("Job %s is %s already: nothing left to drive", handle.job_id, state.status.value)
             return state.status
         if (task.setup if phase == "setup" else task.run) is None:
             continue
-        current = current_handle(handle, state)
+        current = GangJob.of(cluster, current_handle(handle, state), job.states)
         if phase == "run" and state.status is not JobStatus.RUNNING:
-            states.update(handle.job_id, lambda s: js.set_status(s, JobStatus.RUNNING, time.time()))
-        nodes = list(current.phase_nodes(phase))
+            job.set_status(JobStatus.RUNNING)
+        nodes = list(current.handle.phase_nodes(phase))
         for node in nodes:
-            start = start_rank(cluster, task, current, phase, node.rank)
-            if start.started:
+            if current.start(task, phase, node.rank).started:
                 log.info("Started the %s on rank %d", phase, node.rank)
-        generation = current.generation if phase == "run" else handle.generation
-        watcher = PhaseWatcher(cluster, states, handle.job_id, phase, generation, nodes, log=log.info)
+        generation = current.handle.generation if phase == "run" else handle.generation
+        watch = job.watch(phase, generation, nodes, owner, log=log.info)
         try:
-            verdict = _watch(states, watcher, owner, poll_interval_s)
+            verdict = _watch(job, watch, poll_interval_s)
         finally:
-            watcher.close()
+            watch.close()
         if verdict != "SUCCEEDED":
             break
-    final = states.require(handle.job_id)
+    final = job.require()
     log.info("Job %s %s", handle.job_id, final.status.value)
     return final.status
 
 
-def _watch(states: js.JobStates, watcher: PhaseWatcher, owner: str, poll_interval_s: float) -> str:
+def _watch(job: GangJob, watch: PhaseWatch, poll_interval_s: float) -> str:
     """Hold the phase's watch until it has a verdict (a follow task left running may hold it meanwhile)."""
-    hold = WatchHold(states, watcher.job_id, watcher.key, owner)
+    phase_name, generation = watch.watcher.phase, watch.watcher.generation
     while True:
-        state, held = hold.hold(states.require(watcher.job_id))
-        if held:
-            state = watcher.round(state)
-        phase = state.phase(watcher.phase, watcher.generation)
+        state, _ = watch.round(job.require())
+        phase = state.phase(phase_name, generation)
         if phase.verdict == "SUCCEEDED" or (phase.verdict == "FAILED" and phase.killed):
             return phase.verdict
         if (state.status.is_terminal and phase.verdict is None) or state.relaunch is not None:

@@ -13,29 +13,35 @@ blocking follow task, the deferred trigger and the detached driver run this same
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang import state as js
-from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase, remote_job_id
-from airflow_sky.gang.watch_lease import WatchHold
-from airflow_sky.gang.watcher import PhaseWatcher, Triage, fail_always
-from airflow_sky.infra.base import Node
-from airflow_sky.infra.cluster import Cluster
+from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase
+from airflow_sky.gang.watcher import PhaseWatch
 from airflow_sky.node.client import NodeClient
+from airflow_sky.node.jobs import JobPoll
 from airflow_sky.node.log_tail import LogTail
 
 STATE_INTERVAL_S = 1.0  # how often a follower reads the job state (and, holding the watch, probes the ranks)
 
 
-class Wake(enum.StrEnum):
-    DONE = "DONE"
-    FAILED = "FAILED"
-    RELAUNCH = "RELAUNCH"
+def read_to_end(
+    tail: LogTail, poll_interval_s: float = 0.5, until_caught_up: bool = False, deadline: float | None = None
+) -> JobPoll | None:
+    """Follow one rank's log until its job ended (with `until_caught_up`, only to the log's current end);
+    the last poll, or None when `deadline` (monotonic) came first. The one loop over a single log."""
+    while deadline is None or time.monotonic() < deadline:
+        poll = tail.poll()
+        if tail.ended or (until_caught_up and poll.caught_up):
+            tail.flush()
+            return poll
+        if poll.caught_up:
+            time.sleep(poll_interval_s)
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,54 +51,47 @@ class Step:
     error: JobFailed | None = None
 
 
+class Wake(enum.StrEnum):
+    DONE = "DONE"
+    FAILED = "FAILED"
+    RELAUNCH = "RELAUNCH"
+
+
 class RankFollower:
-    """Follows `rank` of phase `phase` (generation `generation`) of job `job_id`; `nodes` are the phase's."""
+    """Follows rank `rank` of the phase `watch` watches: the rank's own log, and the job state; holding the
+    phase's watch lease, it acts for every rank. gang.gang_job.GangJob.follower builds one."""
 
     def __init__(
         self,
-        cluster: Cluster,
-        states: js.JobStates,
-        job_id: int,
-        phase: Phase,
-        generation: int,
+        watch: PhaseWatch,
         rank: int,
-        nodes: Sequence[Node],
-        owner: str,
         emit: Callable[[str], None],
-        triage: Triage = fail_always,
         start_offset: int = 0,
         redact: Callable[[str], str] = str,
-        log: Callable[[str], None] | None = None,
         state_interval_s: float = STATE_INTERVAL_S,
-        watch: bool = True,
         keep_tail: int = 20,
     ) -> None:
-        self.cluster = cluster
-        self.states = states
-        self.job_id = job_id
-        self.phase: Phase = phase
-        self.generation = generation
+        self.watcher = watcher = watch.watcher
+        self.states = watcher.states
+        self.job_id = watcher.job_id
+        self.phase: Phase = watcher.phase
+        self.generation = watcher.generation
         self.rank = rank
-        self.owner = owner
+        self.owner = watch.owner
         self.redact = redact
         self.state_interval_s = state_interval_s
-        self.watch = watch
-        node = next(n for n in nodes if n.rank == rank)
-        self.own: NodeClient = cluster.client(node, conn_retry_attempts=1)
+        self.own: NodeClient = watcher.cluster.client(watcher.nodes[rank], conn_retry_attempts=1)
         self.tail = LogTail(
             self.own,
-            remote_job_id(job_id, phase),
-            generation,
-            phase == "setup",
+            watcher.remote_job,
+            self.generation,
+            self.phase == "setup",
             emit,
             offset=start_offset,
             keep=keep_tail,
             wait_for_start=True,
         )
-        self.watcher = PhaseWatcher(
-            cluster, states, job_id, phase, generation, nodes, triage, log=log or emit
-        )
-        self._watch = WatchHold(states, job_id, self.watcher.key, owner)
+        self._watch = watch
         self.behind = False  # more of the own log to read than one poll returned
         self.state: js.JobState | None = None
         self._next_state_read = 0.0
@@ -111,20 +110,25 @@ class RankFollower:
         return self.state is not None and self.state.watcher(self.watcher.key) == self.owner
 
     def close(self) -> None:
-        self.watcher.close()
+        self._watch.close()
         self.own.close()
 
     def release_watch(self) -> None:
         """Give the lease up at once (this follower is done): another follower need not wait for it to lapse."""
-        with contextlib.suppress(Exception):  # the lease lapses on its own
-            self.states.update(self.job_id, lambda s: js.drop_watch(s, self.watcher.key, self.owner))
+        self._watch.release()
 
-    def run(self, poll_interval_s: float = 0.5) -> Step:
-        """Step until there is something to act on (the blocking follow, and tests)."""
+    def run(
+        self, poll_interval_s: float = 0.5, each_round: Callable[[RankFollower], None] | None = None
+    ) -> Step:
+        """Step until there is something to act on: the one follow loop (the blocking follow task, the
+        detached driver's tests). `each_round` runs after every round without news (a sibling check, a
+        deferral: it may raise)."""
         while True:
             step = self.step()
             if step is not None:
                 return step
+            if each_round is not None:
+                each_round(self)
             if not self.behind:
                 time.sleep(poll_interval_s)
 
@@ -146,11 +150,10 @@ class RankFollower:
         state = self.states.require(self.job_id)
         self.state = state
         step = self._judge(state)
-        if step is not None or not self.watch:
+        if step is not None:
             return step
-        state, held = self._watch.hold(state)
+        state, held = self._watch.round(state)
         if held:
-            state = self.watcher.round(state)
             self.state = state
             return self._judge(state)
         return None

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import math
 import shlex
-import signal
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -251,25 +250,33 @@ def start_rank(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ra
             else f"generation {state.generation} is led by its relaunch",
         )
     node = handle.node(rank)
-    env = phase_env(cluster, task, handle, phase, rank)
     status = JobStatus.SETTING_UP if phase == "setup" else JobStatus.RUNNING
     if state.status is not status:
         states.update(handle.job_id, lambda s: js.set_status(s, status, time.time()))
     try:
         with cluster.client(node) as client:
-            start = jobs.start_job(
-                client,
-                handle.remote_job_id(phase),
-                script,
-                env,
-                handle.generation,
-                autostop=cluster.autostop_for(task.resources),
-            )
+            start = start_script(client, cluster, task, handle, phase)
     except RemoteError:
         if phase != "run" or rank not in cluster.unhealthy_ranks([node]):
             raise
         return StartResult(rank, None, started=False, lost=True)
     return StartResult(rank, start.pid, start.started)
+
+
+def start_script(
+    client: NodeClient, cluster: Cluster, task: Task, handle: JobHandle, phase: Phase
+) -> jobs.JobStart:
+    """Start the phase's script of `handle`'s generation on `client`'s node (idempotent per generation): the
+    one start of a rank, for the start tasks and for a relaunch's new generation and replacement setup."""
+    rank = client.node.rank
+    return jobs.start_job(
+        client,
+        handle.remote_job_id(phase),
+        (task.setup if phase == "setup" else task.run) or "",
+        phase_env(cluster, task, handle, phase, rank),
+        handle.generation,
+        autostop=cluster.autostop_for(task.resources),
+    )
 
 
 def start_ranks(
@@ -292,12 +299,6 @@ def start_ranks(
         if error is not None:
             raise error
     return [future.result() for future in futures]
-
-
-def kill_rank(cluster: Cluster, job_id: str, node: Node, generation: int) -> None:
-    """Stop `node`'s processes of phase job `job_id` (SIGTERM, then SIGKILL after a grace period)."""
-    with cluster.client(node) as client:
-        jobs.kill_job(client, job_id, generation, sig=signal.SIGTERM, grace_s=5.0)
 
 
 def read_result(client: NodeClient, handle: JobHandle, redact: Callable[[str], str] = str) -> Any:

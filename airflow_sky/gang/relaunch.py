@@ -26,13 +26,13 @@ from collections.abc import Callable
 
 from airflow_sky.errors import ClusterError, JobFailed, RemoteError
 from airflow_sky.gang import state as js
+from airflow_sky.gang.follow import read_to_end
 from airflow_sky.gang.job import JobHandle, JobStatus
 from airflow_sky.gang.lease import LeaseObserver
-from airflow_sky.gang.phases import BUCKETS_INFO_KEY, phase_env
+from airflow_sky.gang.phases import BUCKETS_INFO_KEY, start_script
 from airflow_sky.gang.watcher import kill_ranks, parallel
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.node import jobs
 from airflow_sky.node.buckets import plan_from_record
 from airflow_sky.node.files import upload_task_files
 from airflow_sky.node.log_tail import LogTail
@@ -292,14 +292,8 @@ def _relaunch(
 
     run_nodes = list(new_handle.run_nodes)
     fence.check(f"start generation {claim.target}")
-    autostop = cluster.autostop_for(task.resources)
     with cluster.clients(run_nodes) as clients:
-
-        def start(node: Node) -> None:
-            env = phase_env(cluster, task, new_handle, "run", node.rank)
-            jobs.start_job(clients[node.rank], job_id, task.run or "", env, claim.target, autostop=autostop)
-
-        parallel([lambda n=n: start(n) for n in run_nodes])  # type: ignore[misc]
+        parallel([lambda c=c: start_script(c, cluster, task, new_handle, "run") for c in clients.values()])  # type: ignore[misc]
     return list(new_handle.nodes)
 
 
@@ -307,32 +301,19 @@ def _run_setup(
     cluster: Cluster, task: Task, handle: JobHandle, node: Node, log: Callable[[str], None]
 ) -> None:
     """Run the task's setup on a replacement node, streaming its log; a failure ends the job as FAILED_SETUP."""
-    job_id = handle.remote_job_id("setup")
-    env = phase_env(cluster, task, handle, "setup", node.rank)
     with cluster.client(node) as client:
-        jobs.start_job(
-            client,
-            job_id,
-            task.setup or "",
-            env,
-            handle.generation,
-            autostop=cluster.autostop_for(task.resources),
+        start_script(client, cluster, task, handle, "setup")
+        tail = LogTail(client, handle.remote_job_id("setup"), handle.generation, setup=True, emit=log)
+        poll = read_to_end(tail, deadline=time.monotonic() + _SETUP_TIMEOUT_S)
+    if poll is not None:
+        if poll.exit_code == 0:
+            return
+        raise JobFailed(
+            f"setup on the replacement node of rank {node.rank} failed with exit code {poll.exit_code}",
+            status=JobStatus.FAILED_SETUP.value,
+            rank=node.rank,
+            exit_code=poll.exit_code,
         )
-        tail = LogTail(client, job_id, handle.generation, setup=True, emit=log)
-        deadline = time.monotonic() + _SETUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            poll = tail.poll()
-            if tail.ended:
-                if poll.exit_code == 0:
-                    return
-                raise JobFailed(
-                    f"setup on the replacement node of rank {node.rank} failed with exit code {poll.exit_code}",
-                    status=JobStatus.FAILED_SETUP.value,
-                    rank=node.rank,
-                    exit_code=poll.exit_code,
-                )
-            if poll.caught_up:
-                time.sleep(0.5)
     raise JobFailed(
         f"setup on the replacement node of rank {node.rank} timed out", status=JobStatus.FAILED_SETUP.value
     )

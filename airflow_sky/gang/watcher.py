@@ -21,6 +21,7 @@ from airflow_sky.errors import RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import KILLED_EXIT_CODE, Phase, remote_job_id
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES, Action, Decision, RecoveryState, decide
+from airflow_sky.gang.watch_lease import WatchHold
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
@@ -35,34 +36,6 @@ PROBE_THREADS = 16
 # (job state, failing rank, its exit code or None when its process was lost, ranks the infra reports
 # down) -> what to do about it
 Triage = Callable[[js.JobState, int, int | None, list[int]], Decision]
-
-
-def cancel_for_failed_sibling(states: js.JobStates, job_id: int, log: Callable[[str], object]) -> None:
-    """A follow task of the job failed outside the job's own verdict (marked failed in the UI before its
-    on_kill could act, or out of retries on an error of its own): cancel the job, so that its watcher stops
-    every rank instead of leaving the job running for nobody. A job that already ended is left as it is."""
-    reason = "a follow task of the job was failed in Airflow (marked failed, or out of retries)"
-    _, changed = states.update(job_id, lambda s: js.cancel(s, reason, time.time()))
-    if changed:
-        log(f"Cancelling job {job_id}: {reason}")
-
-
-def cancel_if_a_sibling_failed(
-    count_failed: Callable[[], int],
-    states: Callable[[], js.JobStates],
-    job_id: int,
-    log: Callable[[str], object],
-) -> None:
-    """One sibling check of a follow task or its trigger: ask Airflow how many of the phase's follow tasks
-    failed (`count_failed`), and cancel the job if any did. A failed question is logged and never fails the
-    caller: the next round asks again."""
-    try:
-        failed = count_failed()
-    except Exception as e:  # Airflow could not answer: following goes on
-        log(f"Could not ask Airflow for failed sibling tasks: {e}")
-        return
-    if failed:
-        cancel_for_failed_sibling(states(), job_id, log)
 
 
 def fail_always(state: js.JobState, rank: int, code: int | None, unhealthy: list[int]) -> Decision:
@@ -291,3 +264,58 @@ class PhaseWatcher:
         )
         state, _ = self.states.update(self.job_id, lambda s: js.phase_killed(s, self.phase, self.generation))
         return state
+
+
+class PhaseWatch:
+    """A phase's watcher behind its lease in the job state (gang.watch_lease): a round takes or renews the
+    lease and probes the ranks only while this process holds it. The follow tasks, their triggers, the
+    detached driver and `airflow-sky queue` all watch a phase through this."""
+
+    def __init__(self, watcher: PhaseWatcher, owner: str) -> None:
+        self.watcher = watcher
+        self.owner = owner
+        self.hold = WatchHold(watcher.states, watcher.job_id, watcher.key, owner)
+
+    @property
+    def key(self) -> str:
+        return self.watcher.key
+
+    def round(self, state: js.JobState) -> tuple[js.JobState, bool]:
+        """Hold the lease (when due, or take it when free or lapsed), then a watcher round if held."""
+        state, held = self.hold.hold(state)
+        if held:
+            state = self.watcher.round(state)
+        return state, held
+
+    def round_once(self, state: js.JobState) -> js.JobState:
+        """One round by a one-shot reader (`airflow-sky queue`): it has no time to watch a lease stand still,
+        so it takes only a free lease, or one whose record the store has not seen written for WATCH_LEASE_S
+        (a holder renews every few seconds), and gives it back at once."""
+        states, key = self.watcher.states, self.key
+        stale = self._lapsed_by_store_clock(state.job_id)
+        if state.watcher(key) is not None and stale is None:
+            return state
+        state, _ = states.update(state.job_id, lambda s: js.take_watch(s, key, self.owner, stale))
+        if state.watcher(key) != self.owner:
+            return state
+        state = self.watcher.round(state)
+        state, _ = states.update(state.job_id, lambda s: js.drop_watch(s, key, self.owner))
+        return state
+
+    def _lapsed_by_store_clock(self, job_id: int) -> tuple[str, int] | None:
+        states = self.watcher.states
+        record = states.store.get(states.key(job_id))
+        if record is None or record.written_at is None:
+            return None
+        current = js.JobState.from_dict(record.data).watchers.get(self.key)
+        if current is None or states.store.now() - record.written_at < js.WATCH_LEASE_S:
+            return None
+        return current
+
+    def release(self) -> None:
+        """Give the lease up at once (this process is done): another need not wait for it to lapse."""
+        with contextlib.suppress(Exception):  # the lease lapses on its own
+            self.watcher.states.update(self.watcher.job_id, lambda s: js.drop_watch(s, self.key, self.owner))
+
+    def close(self) -> None:
+        self.watcher.close()

@@ -8,6 +8,8 @@ artifacts) over SSH, and hands the Cluster to the gang core for everything a job
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,8 +18,17 @@ from airflow.sdk.log import mask_secret
 
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.cluster_down import Release, release_cluster
+from airflow_sky.gang.cluster_jobs import wait_in_queue
+from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import JobHandle
-from airflow_sky.gang.phases import bucket_record, job_bucket_record, job_states, record_buckets
+from airflow_sky.gang.phases import (
+    bucket_record,
+    check_exec_nodes,
+    job_bucket_record,
+    job_states,
+    record_buckets,
+    register_job,
+)
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.local.daemon import check_shared_mounts
@@ -78,17 +89,41 @@ class SkyClusterHook(BaseHook):
         self.cluster_name = cluster_name
         self.infra = infra or "local"
         self.conn_id = conn_id
-        self._cluster: Cluster | None = None
+        self._jobs: dict[int, GangJob] = {}
 
-    @property
+    @functools.cached_property
     def cluster(self) -> Cluster:
-        """The plain Cluster object the gang core works with (built once, lazily)."""
-        if self._cluster is None:
-            self._cluster = open_cluster(self.cluster_name, self.infra, self.conn_id)
-        return self._cluster
+        """The plain Cluster object the gang core works with: built once per hook, as the SSH provider's
+        hook keeps its client (one infra driver, one cloud session, for all a task does)."""
+        return open_cluster(self.cluster_name, self.infra, self.conn_id)
 
     def get_conn(self) -> Cluster:
         return self.cluster
+
+    def check_exec_nodes(self, nodes: list[Node], num_nodes: int, file: str) -> None:
+        """An exec's nodes are up and set up already (gang.phases.check_exec_nodes says how to fix it)."""
+        check_exec_nodes(self.cluster_name, self.infra, nodes, num_nodes, file)
+
+    def register_job(self, task: Task, nodes: list[Node], submit_key: str, **pipeline: Any) -> JobHandle:
+        """The job's id and SKYPILOT_TASK_ID in the cluster's job state (gang.phases.register_job)."""
+        return register_job(self.cluster, task, nodes, submit_key, **pipeline)
+
+    def wait_in_queue(
+        self, task: Task, handle: JobHandle, runs_setup: bool, say: Callable[[str], None]
+    ) -> None:
+        """Wait in the cluster's job queue until the nodes the job needs are free (gang.job_queue)."""
+        wait_in_queue(self.cluster, task, handle, runs_setup, say)
+
+    def job(self, handle: JobHandle) -> GangJob:
+        """The job object (gang.gang_job) every phase task and trigger works through, once per job: start,
+        follow, watch, relaunch, cancel, kill, results. A handle without nodes gets the job state's."""
+        job = self._jobs.get(handle.job_id)
+        if job is None:
+            states = job_states(self.cluster)
+            if not handle.nodes:
+                handle = dataclasses.replace(handle, nodes=states.require(handle.job_id).job_nodes)
+            job = self._jobs[handle.job_id] = GangJob.of(self.cluster, handle, states)
+        return job
 
     # ---- cluster ---------------------------------------------------------------------------------------
 
@@ -216,18 +251,9 @@ class SkyClusterHook(BaseHook):
                 except (SkyError, OSError) as e:
                     log(f"could not unmount the buckets of rank {node.rank}: {e}")
 
-    def upload_artifacts(
-        self,
-        nodes: Sequence[Node],
-        paths: Sequence[str],
-        destination: str,
-        per_rank: bool,
-        log: Callable[[str], None],
-        aws_conn_id: str | None = None,
-        gcp_conn_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Stream `paths` from each of `nodes` to `destination`; returns {artifact: uri}."""
+    def upload_artifacts(self, nodes: Sequence[Node], *upload: Any, **connections: Any) -> dict[str, Any]:
+        """Stream artifacts from each of `nodes` over this cluster's SSH clients; `upload` and `connections`
+        as node.artifacts.upload_artifacts takes them (paths, destination, per_rank, log; the connection
+        ids). Returns {artifact: uri}."""
         with self.cluster.clients(nodes) as clients:
-            return artifacts.upload_artifacts(
-                clients, nodes, paths, destination, per_rank, log, aws_conn_id, gcp_conn_id
-            )
+            return artifacts.upload_artifacts(clients, nodes, *upload, **connections)

@@ -1,4 +1,5 @@
-"""Thin Airflow operators for each phase of a job; the logic lives in hooks and airflow_sky.gang.follow."""
+"""Thin Airflow operators for each phase of a job; the logic lives in SkyClusterHook and the job object
+it hands out (airflow_sky.gang.gang_job.GangJob)."""
 
 from airflow_sky.operators.collect import SkyCollectOperator
 from airflow_sky.operators.launch import SkyLaunchOperator

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.log import mask_secret
 
+from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import JobHandle
-from airflow_sky.gang.phases import job_states
-from airflow_sky.gang.relaunch import current_handle
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.operators.secrets import read_secrets
@@ -84,23 +83,25 @@ class SkyBaseOperator(BaseOperator):
 
     def handle(self) -> JobHandle:
         """The job this task works on, with its nodes as the job state has them."""
-        cached: JobHandle | None = getattr(self, "_handle", None)
-        if cached is not None:
-            return cached
-        handle = JobHandle.from_dict(self.cluster)
-        if not handle.nodes:
-            state = job_states(self.hook(handle).cluster).require(handle.job_id)
-            handle = dataclasses.replace(handle, nodes=state.job_nodes)
-        self._handle = handle
-        return handle
+        return self.job.handle
+
+    @functools.cached_property
+    def job(self) -> GangJob:
+        """The job on its cluster (gang.gang_job), from the hook: built once per task, one Cluster and one
+        infra driver for all the task does."""
+        named = JobHandle.from_dict(self.cluster)
+        return self.hook(named).job(named)
 
     def latest_handle(self, context: Any) -> JobHandle:
         """The job as of its current generation (the job state): a recovery may have replaced nodes."""
-        handle = self.handle()
-        return current_handle(handle, job_states(self.hook(handle).cluster).get(handle.job_id))
+        return self.job.current()
 
     def hook(self, handle: JobHandle) -> SkyClusterHook:
-        return SkyClusterHook(handle.cluster_name, handle.infra, self.conn_id)
+        """The task's one hook on `handle`'s cluster (built on first use)."""
+        hook: SkyClusterHook | None = getattr(self, "_hook", None)
+        if hook is None or (hook.cluster_name, hook.infra) != (handle.cluster_name, handle.infra or "local"):
+            hook = self._hook = SkyClusterHook(handle.cluster_name, handle.infra, self.conn_id)
+        return hook
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         # Secrets are registered before and after rendering, so neither the literal nor the rendered value

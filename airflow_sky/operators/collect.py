@@ -7,7 +7,6 @@ from typing import Any
 
 from airflow_sky.errors import JobFailed
 from airflow_sky.gang.job import JobStatus
-from airflow_sky.gang.phases import set_status
 from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
 
 
@@ -59,11 +58,11 @@ class SkyCollectOperator(SkyBaseOperator):
                 self.artifacts_to,
                 every_rank,
                 self.log.info,
-                self.aws_conn_id,
-                self.gcp_conn_id,
+                aws_conn_id=self.aws_conn_id,
+                gcp_conn_id=self.gcp_conn_id,
             )
             ti.xcom_push(key="artifacts", value=uploaded)
-        set_status(hook.cluster, handle, JobStatus.SUCCEEDED)  # the run's verdict wrote it already, as a rule
+        self.job.set_status(JobStatus.SUCCEEDED)  # the run's verdict wrote it already, as a rule
         self.log.info(
             "Job %d on %s succeeded on %d nodes", handle.job_id, handle.cluster_name, handle.num_run_nodes
         )

@@ -6,8 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_sky.gang.job import JobHandle, JobStatus
-from airflow_sky.gang.phases import check_run_nodes, set_status, start_ranks
-from airflow_sky.infra.cluster import Cluster
 from airflow_sky.operators.base import SkyBaseOperator
 
 
@@ -32,23 +30,22 @@ class SkyLaunchOperator(SkyBaseOperator):
     def execute(self, context: Any) -> list[dict[str, Any]]:
         self.mask_secrets()
         handle = self.handle()
-        cluster = self.hook(handle).cluster
-        check_run_nodes(cluster, handle)
-        set_status(cluster, handle, JobStatus.RUNNING)
+        self.job.check_run_nodes()
+        self.job.set_status(JobStatus.RUNNING)
         self.log.info(
             "Launching the run on %d nodes: %s",
             handle.num_run_nodes,
             ", ".join(n.internal_ip for n in handle.run_nodes),
         )
         if self.start_run:
-            self._start(handle, cluster)
+            self._start(handle)
         return [n.to_dict() for n in handle.run_nodes]
 
-    def _start(self, handle: JobHandle, cluster: Cluster) -> None:
+    def _start(self, handle: JobHandle) -> None:
         if self.sky_task.run is None:
             self.log.info("The task has no run section; nothing to start")
             return
-        for start in start_ranks(cluster, self.sky_task, handle, "run", [n.rank for n in handle.run_nodes]):
+        for start in self.job.start_all(self.sky_task, "run", [n.rank for n in handle.run_nodes]):
             if start.skipped:
                 self.log.info("Nothing started on rank %d: %s", start.rank, start.skipped)
             elif start.lost:

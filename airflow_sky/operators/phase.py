@@ -1,13 +1,15 @@
-"""Setup and run, each a pair of mapped tasks: a quick start (detached) and a follow (log + job state).
+"""The per-rank tasks of setup and run: the follow task (one per rank: its node's log, the job state, the
+phase's verdict) and the start task (one rank's script, detached).
 
-Starting every node before any task waits is what lets `airflow dags test`, which runs task instances one
-after another, run N nodes in the time of one, and keeps torchrun's rank 0 from waiting on a rank 1 that
-has not started.
+sky_job starts every rank before any follow task waits (setup from the sync tasks, the run from the launch
+task): that is what lets `airflow dags test`, which runs task instances one after another, run N nodes in
+the time of one, and keeps torchrun's rank 0 from waiting on a rank 1 that has not started.
+SkyStartOperator serves DAGs that start each rank as a mapped task of its own. Both work the job through
+the hook's job object (SkyBaseOperator.job, gang.gang_job.GangJob).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -16,13 +18,10 @@ from typing import Any
 
 from airflow.sdk import conf
 
-from airflow_sky.gang import state as js
-from airflow_sky.gang.follow import RankFollower, Step, Wake
+from airflow_sky.gang.gang_job import GangJob, RankFollower, Step, Triage, Wake
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
-from airflow_sky.gang.phases import job_states, kill_rank, read_result, start_rank
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
-from airflow_sky.gang.relaunch import follow_relaunch, job_nodes
-from airflow_sky.gang.watcher import Triage, cancel_if_a_sibling_failed, fail_always, recovery_triage
+from airflow_sky.gang.state import JobStates
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY, RESULT_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.links import SkyNodeConsoleLink
 from airflow_sky.task.redaction import sensitive_values, task_redactor
@@ -70,7 +69,7 @@ class SkyStartOperator(_PhaseOperator):
         rank = int(self.node["rank"])
         if self.script is None:
             self.log.info("The task has no %s section; nothing to start on rank %d", self.phase, rank)
-        start = start_rank(self.hook(handle).cluster, self.sky_task, handle, self.phase, rank)
+        start = self.job.start(self.sky_task, self.phase, rank)
         if start.skipped:
             self.log.info("Nothing started on rank %d: %s", rank, start.skipped)
         elif start.lost:
@@ -146,11 +145,7 @@ class SkyFollowOperator(_PhaseOperator):
         return self._follow(context, handle, generation, offset, deferred_before=True)
 
     def _generation(self, handle: JobHandle) -> int:
-        """The generation to follow: setup has one; the run is at the job state's (a relaunch moves it)."""
-        if self.phase != "run":
-            return handle.generation
-        state = job_states(self.hook(handle).cluster).get(handle.job_id)
-        return max(state.generation, handle.generation) if state else handle.generation
+        return self.job.generation(self.phase)
 
     def lease_owner(self, context: Any) -> str:
         """Who holds a watch lease or leads a relaunch: this task instance, whatever its try (a retry resumes)."""
@@ -161,26 +156,20 @@ class SkyFollowOperator(_PhaseOperator):
         self, context: Any, handle: JobHandle, generation: int, offset: int, deferred_before: bool = False
     ) -> Any:
         rank = int(self.node["rank"])
-        cluster = self.hook(handle).cluster
-        states = job_states(cluster)
+        job = self.job
         owner = self.lease_owner(context)
         started = time.monotonic()
         while True:
-            state = states.get(handle.job_id)
-            phase_ranks = {p.rank for p in handle.phase_nodes(self.phase)}
-            nodes = [n for n in job_nodes(handle, state) if n.rank in phase_ranks]
-            self._following = (cluster, nodes, generation, states, handle.job_id)
-            follower = RankFollower(
-                cluster,
-                states,
-                handle.job_id,
+            nodes = job.phase_nodes(self.phase, job.state())
+            self._following = (job.cluster, nodes, generation, job.states, job.job_id)
+            follower = job.follower(
                 self.phase,
                 generation,
                 rank,
                 nodes,
                 owner,
                 emit=self._log,
-                triage=self._triage() if self.phase == "run" else fail_always,
+                triage=self._triage() if self.phase == "run" else GangJob.triage(None),
                 start_offset=offset,
                 redact=self._redact,
             )
@@ -189,9 +178,7 @@ class SkyFollowOperator(_PhaseOperator):
                 if step.wake is Wake.RELAUNCH:
                     self.log.info("%s", step.reason)
                     self._push_job_status(context, "RECOVERING", generation)
-                    state = follow_relaunch(
-                        cluster, states, self.sky_task, handle, generation, owner, self._log
-                    )
+                    state = job.relaunch(self.sky_task, generation, owner, self._log)
                     generation, offset = state.generation, 0
                     self._push_job_status(context, "RUNNING", generation)
                     continue
@@ -202,7 +189,7 @@ class SkyFollowOperator(_PhaseOperator):
                     raise step.error
                 if self.phase != "run":
                     return None
-                value = read_result(follower.own, handle, self._redact)
+                value = job.read_result(follower.own, self._redact)
             finally:
                 follower.close()
             # Under a key of its own too, pushed even when None: collect reads every rank's in one request
@@ -219,10 +206,9 @@ class SkyFollowOperator(_PhaseOperator):
         self, context: Any, follower: RankFollower, handle: JobHandle, started: float, deferred_before: bool
     ) -> Step:
         checked = time.monotonic()
-        while True:
-            step = follower.step()
-            if step is not None:
-                return step
+
+        def each_round(follower: RankFollower) -> None:
+            nonlocal checked
             if follower.holds_watch and time.monotonic() - checked >= SIBLING_CHECK_S:
                 checked = time.monotonic()  # only the watch holder asks Airflow: 1 request per phase
                 self._cancel_if_a_sibling_failed(context, follower.states, handle.job_id)
@@ -232,17 +218,15 @@ class SkyFollowOperator(_PhaseOperator):
                 nodes = list(follower.watcher.nodes.values())
                 follower.close()
                 self._defer(context, handle, nodes, generation, offset)
-            if not follower.behind:
-                time.sleep(POLL_INTERVAL_S)
 
-    def _cancel_if_a_sibling_failed(self, context: Any, states: Any, job_id: int) -> None:
+        return follower.run(POLL_INTERVAL_S, each_round)
+
+    def _cancel_if_a_sibling_failed(self, context: Any, states: JobStates, job_id: int) -> None:
         ti = context["ti"]
-        cancel_if_a_sibling_failed(
+        GangJob(self.job.cluster, job_id, states=states).cancel_if_a_sibling_failed(
             lambda: ti.get_ti_count(
                 dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
             ),
-            lambda: states,
-            job_id,
             self.log.warning,
         )
 
@@ -288,18 +272,13 @@ class SkyFollowOperator(_PhaseOperator):
         cluster, nodes, generation, states, job_id = following
         rank = int(self.node["rank"])
         self.log.info("Task killed: cancelling job %s (every rank is stopped)", job_id)
-        with contextlib.suppress(Exception):
-            states.update(
-                job_id, lambda s: js.cancel(s, f"the follow task of rank {rank} was killed", time.time())
-            )
-        node = next((n for n in nodes if n.rank == rank), None)
-        if node is not None:
-            kill_rank(cluster, self.handle().remote_job_id(self.phase), node, generation)
+        reason = f"the follow task of rank {rank} was killed"
+        GangJob(cluster, job_id, states=states).cancel_and_kill(reason, self.phase, rank, nodes, generation)
 
     # ---- recovery ----------------------------------------------------------------------------------
 
     def _triage(self) -> Triage:
-        return recovery_triage(self.sky_task.job_recovery, self.max_recoveries)
+        return GangJob.triage(self.sky_task.job_recovery, self.max_recoveries)
 
     # ---- output ------------------------------------------------------------------------------------
 

@@ -7,9 +7,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_sky.gang.cluster_jobs import wait_in_queue
 from airflow_sky.gang.job import sanitize_cluster_name
-from airflow_sky.gang.phases import check_exec_nodes, register_job
 from airflow_sky.gang.state import ClusterClosing
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import SkyBaseOperator
@@ -89,7 +87,7 @@ class SkyProvisionOperator(SkyBaseOperator):
         current = hook.nodes()
         existed = bool(current)
         if self.must_exist:
-            check_exec_nodes(name, self.infra, current, self.sky_task.num_nodes, "TASK.yaml")
+            hook.check_exec_nodes(current, self.sky_task.num_nodes, "TASK.yaml")
         self.log.info(
             "%s cluster %s on %s (%d nodes)",
             "Reusing" if existed else "Launching",
@@ -105,8 +103,7 @@ class SkyProvisionOperator(SkyBaseOperator):
                     hook.provision(self.sky_task, retry_until_up=self.retry_until_up)
                     nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
                     hook.arm_autostop(self.sky_task, nodes)
-                    handle = register_job(
-                        hook.cluster,
+                    handle = hook.register_job(
                         self.sky_task,
                         nodes,
                         submit_key=f"{self.dag_id}/{run_id}/{self.task_id}",
@@ -130,7 +127,7 @@ class SkyProvisionOperator(SkyBaseOperator):
         self.log.info("Job %d on cluster %s (SKYPILOT_TASK_ID=%s)", handle.job_id, name, handle.sky_task_id)
         # The cluster's job queue: the job starts once no earlier job needs its nodes (gang.job_queue).
         runs_setup = not self.must_exist and self.sky_task.setup is not None
-        wait_in_queue(hook.cluster, self.sky_task, handle, runs_setup, self.log.info)
+        hook.wait_in_queue(self.sky_task, handle, runs_setup, self.log.info)
         workdir = self.sky_task.workdir
         if isinstance(workdir, GitWorkdir) and handle.git_commit is not None:
             # Pinned once for the job: every node (and a recovery's replacement) checks out this commit.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_sky.gang.phases import start_rank
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.links import SkyNodeConsoleLink
 
@@ -55,7 +54,7 @@ class SkySyncOperator(SkyBaseOperator):
             "method": result.method,
         }
         if self.start_setup and self.sky_task.setup is not None:
-            start = start_rank(hook.cluster, self.sky_task, handle, "setup", node.rank)
+            start = self.job.start(self.sky_task, "setup", node.rank)
             if start.skipped:
                 self.log.info("Setup not started on rank %d: %s", node.rank, start.skipped)
             else:

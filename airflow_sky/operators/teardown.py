@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_sky.gang.cluster_jobs import ClusterJobs
 from airflow_sky.gang.job import JobHandle
-from airflow_sky.gang.phases import job_states
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 
@@ -69,10 +67,9 @@ class SkyTeardownOperator(SkyBaseOperator):
     def _cancel_an_unfollowed_job(self, handle: JobHandle) -> None:
         """On a kept cluster, a job that has not ended by now has nobody left to follow it (launch or a follow
         task failed before the job's verdict): stop its ranks rather than leave them running for nobody."""
-        cluster = self.hook(handle).cluster
-        state = job_states(cluster).get(handle.job_id)
+        state = self.job.state()
         if state is None or state.status.is_terminal:
             return
         reason = "no task of its DAG run follows it any more (an upstream task failed)"
         self.log.warning("Job %d is %s but %s: cancelling it", handle.job_id, state.status.value, reason)
-        ClusterJobs(cluster).cancel([handle.job_id], reason=reason)
+        self.job.cancel_everywhere(reason)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,11 +23,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_sky.gang import state as js
-from airflow_sky.gang.follow import RankFollower
-from airflow_sky.gang.job import Phase, nodes_of, remote_job_id
-from airflow_sky.gang.phases import job_states, kill_rank
-from airflow_sky.gang.watcher import cancel_if_a_sibling_failed, fail_always, recovery_triage
+from airflow_sky.gang.gang_job import GangJob, RankFollower
+from airflow_sky.gang.job import Phase, nodes_of
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.task import JobRecovery
 from airflow_sky.task.redaction import redactor
@@ -124,21 +122,17 @@ class SkyFollowTrigger(BaseTrigger):
     def _phase(self) -> Phase:
         return "setup" if self.phase == "setup" else "run"
 
-    def _hook(self) -> SkyClusterHook:
-        return SkyClusterHook(self.cluster_name, self.infra, self.conn_id)
+    @functools.cached_property
+    def job(self) -> GangJob:
+        """The job, from the hook: built once per trigger (one Cluster and infra driver for all its steps)."""
+        hook = SkyClusterHook(self.cluster_name, self.infra, self.conn_id)
+        return GangJob(hook.cluster, self.job_id)
 
     def _follower(self) -> RankFollower:
         redact = redactor(self.secrets.values())
-        cluster = self._hook().cluster
-        triage = (
-            recovery_triage(JobRecovery(**self.job_recovery), self.max_recoveries)
-            if self.job_recovery is not None
-            else fail_always
-        )
-        return RankFollower(
-            cluster,
-            job_states(cluster),
-            self.job_id,
+        policy = JobRecovery(**self.job_recovery) if self.job_recovery is not None else None
+        triage = GangJob.triage(policy, self.max_recoveries)
+        return self.job.follower(
             self._phase,
             self.generation,
             self.rank,
@@ -187,12 +181,10 @@ class SkyFollowTrigger(BaseTrigger):
             return
         from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
 
-        cancel_if_a_sibling_failed(
+        self.job.cancel_if_a_sibling_failed(
             lambda: RuntimeTaskInstance.get_ti_count(
                 dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
             ),
-            lambda: job_states(self._hook().cluster),
-            self.job_id,
             self.log.warning,
         )
 
@@ -201,10 +193,5 @@ class SkyFollowTrigger(BaseTrigger):
         await _in_thread(self._kill)
 
     def _kill(self) -> None:
-        cluster = self._hook().cluster
-        job_states(cluster).update(
-            self.job_id,
-            lambda s: js.cancel(s, f"the follow task of rank {self.rank} was killed", time.time()),
-        )
-        node = next(n for n in nodes_of(self.nodes) if n.rank == self.rank)
-        kill_rank(cluster, remote_job_id(self.job_id, self._phase), node, self.generation)
+        reason = f"the follow task of rank {self.rank} was killed"
+        self.job.cancel_and_kill(reason, self._phase, self.rank, nodes_of(self.nodes), self.generation)

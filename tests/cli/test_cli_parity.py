@@ -20,7 +20,7 @@ from airflow_sky.client.cli.progress import ProgressPrinter, job_status_of, prin
 from airflow_sky.client.engine import JobOutcome
 from airflow_sky.client.events import Event
 from airflow_sky.errors import ClusterError, SpecError
-from airflow_sky.gang.cluster_jobs import _last_lines_offset
+from airflow_sky.gang.log_files import last_lines_offset as _last_lines_offset
 from airflow_sky.gang.recovery import Action, RecoveryState, decide
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.ssh.cloud import SshCloud

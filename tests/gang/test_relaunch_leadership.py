@@ -13,13 +13,15 @@ from airflow_sky import Task
 from airflow_sky.errors import JobFailed
 from airflow_sky.gang import state as js
 from airflow_sky.gang.cluster_jobs import ClusterJobs
-from airflow_sky.gang.follow import RankFollower, Wake
+from airflow_sky.gang.follow import Wake
+from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import JobStatus
 from airflow_sky.gang.phases import job_states, register_job, start_rank
 from airflow_sky.gang.recovery import Action, Decision
 from airflow_sky.gang.relaunch import follow_relaunch
 from airflow_sky.infra.local.cloud import LocalCloud
 from airflow_sky.infra.registry import open_cluster
+from airflow_sky.node import jobs as node_jobs
 from airflow_sky.task import JobRecovery, Resources
 
 
@@ -67,10 +69,7 @@ def test_two_followers_with_different_health_views_relaunch_the_job_once(local_c
     outcomes: dict[int, object] = {}
 
     def follow(rank: int) -> None:
-        follower = RankFollower(
-            cluster,
-            states,
-            handle.job_id,
+        follower = GangJob(cluster, handle.job_id, states=states).follower(
             "run",
             0,
             rank,
@@ -154,7 +153,7 @@ def test_an_ssh_error_during_the_relaunch_is_tried_again_and_the_job_relaunches_
     cluster, task, handle, states = _claimed_job(local_cluster, tmp_path)
     # Fault injection (no real node drops a connection on cue): the first start of the new generation fails
     # as an SSH error does; the real start runs after it.
-    real_start, failures = relaunch.jobs.start_job, []
+    real_start, failures = node_jobs.start_job, []
 
     def flaky_start(*args, **kwargs):
         if not failures:
@@ -162,7 +161,7 @@ def test_an_ssh_error_during_the_relaunch_is_tried_again_and_the_job_relaunches_
             raise RemoteError("command on node rank 1 timed out after 120s")
         return real_start(*args, **kwargs)
 
-    monkeypatch.setattr(relaunch.jobs, "start_job", flaky_start)
+    monkeypatch.setattr(node_jobs, "start_job", flaky_start)
     log: list[str] = []
     state = follow_relaunch(cluster, states, task, handle, 0, "leader", log.append)
     assert state.generation == 1 and state.relaunch is None
@@ -183,7 +182,7 @@ def test_a_relaunch_that_keeps_failing_fails_the_job_with_the_error_instead_of_l
     def broken_start(*args, **kwargs):  # fault injection: every start fails as a dead SSH session does
         raise RemoteError("connection reset")
 
-    monkeypatch.setattr(relaunch.jobs, "start_job", broken_start)
+    monkeypatch.setattr(node_jobs, "start_job", broken_start)
     with pytest.raises(JobFailed, match="the relaunch failed 3 times, last: connection reset"):
         follow_relaunch(cluster, states, task, handle, 0, "leader", lambda line: None)
     state = states.require(handle.job_id)
@@ -232,10 +231,7 @@ def test_a_cancel_during_a_recovery_ends_the_job_and_nothing_of_the_new_generati
 
 def _rank_0_step(cluster, states, handle, operator):
     """What rank 0's follower wakes up to next."""
-    follower = RankFollower(
-        cluster,
-        states,
-        handle.job_id,
+    follower = GangJob(cluster, handle.job_id, states=states).follower(
         "run",
         0,
         0,

@@ -11,8 +11,9 @@ import pytest
 
 from airflow_sky import Task
 from airflow_sky.errors import JobFailed
-from airflow_sky.gang.follow import RankFollower, Wake
-from airflow_sky.gang.phases import job_states, read_result, register_job, start_rank
+from airflow_sky.gang.follow import Wake
+from airflow_sky.gang.gang_job import GangJob
+from airflow_sky.gang.phases import read_result, register_job, start_rank
 from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node import jobs
 from airflow_sky.node.artifacts import upload_artifacts
@@ -72,9 +73,7 @@ def test_a_job_that_links_its_result_and_exit_code_to_dev_zero_or_a_fifo_fails_c
             upload_artifacts({0: client}, [node], ["~/artifact.bin"], str(tmp_path / "out"), False, print)
 
         started = time.monotonic()
-        follower = RankFollower(
-            cluster, job_states(cluster), handle.job_id, "run", 0, 0, [node], "owner", emit=lambda _: None
-        )
+        follower = GangJob(cluster, handle.job_id).follower("run", 0, 0, [node], "owner", emit=lambda _: None)
         try:
             step = follower.run(poll_interval_s=0.2)
         finally:

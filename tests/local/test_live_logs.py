@@ -9,7 +9,8 @@ from airflow_sky import Task
 from airflow_sky.client.events import Event
 from airflow_sky.client.live import NodeLogs
 from airflow_sky.gang.follow import RankFollower, Wake
-from airflow_sky.gang.phases import job_states, register_job
+from airflow_sky.gang.gang_job import GangJob
+from airflow_sky.gang.phases import register_job
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node.client import NodeClient
@@ -26,9 +27,7 @@ fi
 
 
 def _follower(cluster: Cluster, nodes, rank: int, task_log: list[str]) -> RankFollower:
-    return RankFollower(
-        cluster, job_states(cluster), 1, "run", 0, rank, nodes, f"task-{rank}", emit=task_log.append
-    )
+    return GangJob(cluster, 1).follower("run", 0, rank, nodes, f"task-{rank}", emit=task_log.append)
 
 
 def test_engine_view_streams_rank_0_live_while_rank_1_is_followed_and_shows_each_line_once(

@@ -20,14 +20,13 @@ FOLLOWER = textwrap.dedent(
     import json, sys
     from airflow_sky.infra.base import Node
     from airflow_sky.infra.registry import open_cluster
-    from airflow_sky.gang.follow import RankFollower
-    from airflow_sky.gang.phases import job_states
+    from airflow_sky.gang.gang_job import GangJob
 
     nodes, name = [Node.from_dict(n) for n in json.loads(sys.argv[1])], sys.argv[2]
     cluster = open_cluster(name, "local")
     # The same owner name as the killed try: a retried task instance takes its watch lease back at once.
-    follower = RankFollower(
-        cluster, job_states(cluster), 1, "run", 0, 0, nodes, "dag/run/run_follow/0",
+    follower = GangJob(cluster, 1).follower(
+        "run", 0, 0, nodes, "dag/run/run_follow/0",
         emit=lambda line: print(line, flush=True),
     )
     print("EXIT", follower.run().wake, flush=True)

@@ -8,8 +8,9 @@ import time
 import pytest
 
 from airflow_sky import Task
-from airflow_sky.gang.follow import RankFollower, Wake
-from airflow_sky.gang.phases import job_states, register_job
+from airflow_sky.gang.follow import Wake
+from airflow_sky.gang.gang_job import GangJob
+from airflow_sky.gang.phases import register_job
 from airflow_sky.gang.watcher import recovery_triage
 from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node.client import NodeClient
@@ -23,10 +24,7 @@ def test_unreachable_node_that_the_infra_reports_up_is_waited_for_then_fails_as_
     register_job(cluster, task, nodes, submit_key="test")
     # The node runs (the infra says so) but its SSH port refuses us: what a network partition looks like.
     unreachable = [dataclasses.replace(nodes[0], ssh_port=free_port())]
-    follower = RankFollower(
-        cluster,
-        job_states(cluster),
-        1,
+    follower = GangJob(cluster, 1).follower(
         "run",
         0,
         0,
