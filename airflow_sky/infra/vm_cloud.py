@@ -17,6 +17,7 @@ from airflow_sky.infra.provisioning import resolver_from_env, update_record, wai
 from airflow_sky.infra.state_store import StateStore
 
 PLACEMENT_KEY = "placement"  # the record of where the cluster lives, beside its job records
+SHUTDOWN = "sudo -n shutdown -h now || sudo -n poweroff || shutdown -h now"  # how a node stops itself
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,6 +77,19 @@ class VmCloud(Cloud):
         s = self.settings
         host = private_ip if s.use_private_ip else (public_ip or private_ip)
         return Endpoint(host or "", 22, s.ssh_user, private_ip or "")
+
+    def autostop_action(self, cluster_name: str, down: bool) -> str:
+        # What the shutdown does to the instance (stop it, or end it) is the cloud's: see prepare_autostop.
+        return SHUTDOWN
+
+    @staticmethod
+    def _refuse_stopping_spot(use_spot: bool, down: bool, machines: str) -> None:
+        """Spot machines are ended, never stopped: autostop on them must be autodown."""
+        if use_spot and not down:
+            raise SpecError(
+                f"resources.autostop: spot {machines} cannot be stopped, only ended; set `down: true` "
+                "(or add --down to -i)"
+            )
 
     def _wait_ssh(self, nodes: list[Node]) -> None:
         wait_for_ssh(self.name, nodes, self.settings.ssh_key_file, self.ssh_timeout_s, self.poll_s)

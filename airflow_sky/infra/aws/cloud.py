@@ -30,7 +30,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from airflow_sky.errors import ClusterError, SpecError
+from airflow_sky.errors import ClusterError
 from airflow_sky.infra import catalog, optimizer, provisioner
 from airflow_sky.infra.aws import instances, launch_spec, network, pinning
 from airflow_sky.infra.aws.instances import Member
@@ -308,20 +308,12 @@ class AwsCloud(AwsMembers):
 
     # ---- autostop ----------------------------------------------------------------------------------
 
-    def autostop_action(self, cluster_name: str, down: bool) -> str:
-        # What `shutdown` does to the instance (stop or terminate) was set by prepare_autostop.
-        return "sudo -n shutdown -h now || sudo -n poweroff || shutdown -h now"
-
     def prepare_autostop(self, cluster_name: str, down: bool) -> None:
         placement = self._placement(cluster_name)
         region = self._region_of(cluster_name)
         if placement is None or region is None:
             raise ClusterError(f"aws: cluster {cluster_name!r} not found; cannot set its autostop")
-        if placement.use_spot and not down:
-            raise SpecError(
-                "resources.autostop: spot instances cannot be stopped, only ended; set `down: true` "
-                "(or add --down to -i)"
-            )
+        self._refuse_stopping_spot(placement.use_spot, down, "instances")
         behavior = "terminate" if down else "stop"
         ec2 = self._client("ec2", region)
         for m in self._members(cluster_name, region):

@@ -30,7 +30,7 @@ import logging
 import time
 from typing import Any
 
-from airflow_sky.errors import ClusterError, SpecError
+from airflow_sky.errors import ClusterError
 from airflow_sky.infra import catalog, optimizer, provisioner
 from airflow_sky.infra.base import Endpoint, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.gcp import network, vms
@@ -43,6 +43,7 @@ from airflow_sky.infra.provisioning import (
     NoCapacity,
     image_for,
 )
+from airflow_sky.infra.vm_cloud import SHUTDOWN
 from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
@@ -311,12 +312,8 @@ class GcpCloud(GcpClusterRecords):
     # ---- autostop ----------------------------------------------------------------------------------
 
     def autostop_action(self, cluster_name: str, down: bool) -> str:
-        return f"{vms.SELF_DELETE} || {vms.SHUTDOWN}" if down else vms.SHUTDOWN
+        return f"{vms.SELF_DELETE} || {SHUTDOWN}" if down else SHUTDOWN
 
     def prepare_autostop(self, cluster_name: str, down: bool) -> None:
         placement = self._placement(cluster_name)
-        if placement is not None and placement.use_spot and not down:
-            raise SpecError(
-                "resources.autostop: spot VMs cannot be stopped, only ended; set `down: true` "
-                "(or add --down to -i)"
-            )
+        self._refuse_stopping_spot(placement is not None and placement.use_spot, down, "VMs")

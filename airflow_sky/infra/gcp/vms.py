@@ -235,7 +235,6 @@ SELF_DELETE = (
     'curl -sf -X DELETE -H "Authorization: Bearer $t" '
     '"https://compute.googleapis.com/compute/v1/projects/$p/zones/${z##*/}/instances/$n"'
 )
-SHUTDOWN = "sudo -n shutdown -h now || sudo -n poweroff || shutdown -h now"
 
 
 def console_url(project: str, zone: str, name: str) -> str:
