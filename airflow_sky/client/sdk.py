@@ -7,24 +7,24 @@ and cancel read and act on the cluster itself (its job state, kept by the infra,
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from airflow_sky.client import cluster_index, ssh_config
+from airflow_sky.client import ssh_config
+from airflow_sky.client.cluster_lookup import cluster_of, infra_of, remember
+from airflow_sky.client.cluster_names import check_cluster_name, cluster_name_note
 from airflow_sky.client.engine import JobOutcome, LaunchOptions, bind_private_home
 from airflow_sky.client.events import Event
+from airflow_sky.client.sdk_jobs import cancel, download_logs, job_status, logs_dir, queue, tail_logs
 from airflow_sky.errors import ClusterError, SpecError
-from airflow_sky.gang.job import JobHandle, JobStatus, sanitize_cluster_name
+from airflow_sky.gang.job import JobHandle, sanitize_cluster_name
 from airflow_sky.task import Task
 
 if TYPE_CHECKING:  # these load Airflow, which engine.prepare_airflow must configure first
-    from airflow_sky.gang.cluster_jobs import ClusterJobs
     from airflow_sky.infra.base import Node
     from airflow_sky.infra.cluster import Cluster
 
@@ -32,12 +32,16 @@ __all__ = [
     "autostop",
     "cancel",
     "check_cluster_name",
+    "cluster_name_note",
+    "cluster_of",
     "down",
     "download_logs",
     "exec",
     "forget",
+    "infra_of",
     "job_status",
     "launch",
+    "logs_dir",
     "queue",
     "start",
     "status",
@@ -45,51 +49,7 @@ __all__ = [
     "tail_logs",
 ]
 
-CLUSTER_NAME_PATTERN = "[a-z]([-a-z0-9]*[a-z0-9])?"  # a host name label: what a cluster is called here
-SKYPILOT_CLUSTER_NAME_PATTERN = "[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?"  # what `sky -c` accepts
-
-
-def check_cluster_name(name: str) -> str:
-    """The name a cluster `name` has here. A name SkyPilot refuses is refused; one SkyPilot accepts but that
-    is no host name label (`Dev_Box`) becomes one (`dev-box`): callers say so (cluster_name_note)."""
-    if not re.fullmatch(SKYPILOT_CLUSTER_NAME_PATTERN, name):
-        raise SpecError(
-            f"cluster name {name!r} is invalid: it must match {SKYPILOT_CLUSTER_NAME_PATTERN} (as in SkyPilot; "
-            f"here it becomes {CLUSTER_NAME_PATTERN}, at most 40 characters), e.g. {sanitize_cluster_name(name)!r}"
-        )
-    return sanitize_cluster_name(name)
-
-
-def cluster_name_note(name: str) -> str | None:
-    """A line saying what a valid but changed cluster name is called here; None when unchanged."""
-    here = check_cluster_name(name)
-    if here == name:
-        return None
-    return (
-        f"cluster {name!r} is named {here!r} here (cluster names are host name labels: lowercase letters, "
-        "digits and '-', at most 40 characters)"
-    )
-
-
 # ---- which infra a cluster lives on (a lookup hint; the infra itself is the source of truth) -------------
-
-
-def _remember(cluster_name: str, infra: str | None) -> None:
-    cluster_index.remember(cluster_name, infra)
-
-
-def infra_of(cluster_name: str, infra: str | None = None) -> str:
-    return infra or cluster_index.infra_hint(cluster_name) or "local"
-
-
-def cluster_of(cluster_name: str, infra: str | None = None) -> Cluster:
-    """The cluster `cluster_name` on the infra it was launched on (or `infra`). A name the local index
-    does not know is looked for on every infra configured here (client/cluster_search.py)."""
-    bind_private_home()
-    from airflow_sky.client.cluster_search import locate
-    from airflow_sky.infra.registry import open_cluster
-
-    return open_cluster(cluster_name, infra or cluster_index.infra_hint(cluster_name) or locate(cluster_name))
 
 
 def _existing(cluster_name: str) -> tuple[Cluster, list[Node]]:
@@ -108,13 +68,6 @@ def _existing(cluster_name: str) -> tuple[Cluster, list[Node]]:
     forget(cluster_name)  # the record was stale: its ssh entries lead nowhere
     cluster = open_cluster(cluster_name, locate(cluster_name, already_searched=[cluster.infra]))
     return cluster, cluster.nodes()
-
-
-def _jobs(cluster_name: str, infra: str | None = None) -> ClusterJobs:
-    cluster = cluster_of(cluster_name, infra)  # an unknown name fails here, before the SSH layer loads
-    from airflow_sky.gang.cluster_jobs import ClusterJobs
-
-    return ClusterJobs(cluster)
 
 
 # ---- launch / exec ---------------------------------------------------------------------------------------
@@ -145,7 +98,7 @@ def run(
     def on_event(event: Event) -> None:
         if event.kind == "job":
             handle = JobHandle.from_dict(event.data)
-            _remember(handle.cluster_name, handle.infra)
+            remember(handle.cluster_name, handle.infra)
             cluster = cluster_of(handle.cluster_name, handle.infra)
             ssh_config.write_entries(handle.cluster_name, handle.nodes, cluster.key_files(handle.nodes))
         if listener is not None:
@@ -194,7 +147,7 @@ def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_comman
 def forget(cluster_name: str) -> None:
     """Drop what this machine keeps of a cluster that is gone: its ssh entries and infra hint."""
     ssh_config.remove_entries(cluster_name)
-    _remember(cluster_name, None)
+    remember(cluster_name, None)
 
 
 def _printing_listener(output: TextIO | None = None) -> Callable[[Event], None]:
@@ -272,79 +225,6 @@ def _handle_of(outcome: JobOutcome) -> tuple[int | None, JobHandle | None]:
             f"the job never started on {outcome.cluster_name}: {reason} (log: {outcome.log_file})"
         )
     return outcome.job_id, outcome.handle
-
-
-# ---- jobs on a cluster -----------------------------------------------------------------------------------
-
-
-def tail_logs(
-    cluster_name: str,
-    job_id: int | None = None,
-    follow: bool = True,
-    output: TextIO | None = None,
-    tail: int = 0,
-    on_end: Callable[[dict[str, Any]], None] | None = None,
-) -> int:
-    """Print a job's node-prefixed logs (following until it ends); returns 0 if it SUCCEEDED, else 1.
-
-    `tail` > 0: each node's run log from its last `tail` lines, as `sky logs --tail N`. `on_end` gets the
-    job's record (its status) once the logs ended.
-    """
-    out = output or sys.stdout
-    lock = threading.Lock()
-
-    def emit(rank: int, line: str) -> None:
-        with lock:
-            print(line, file=out, flush=True)
-
-    with _jobs(cluster_name) as cluster_jobs:
-        record = cluster_jobs.tail(job_id, emit, follow=follow, tail_lines=tail)
-    if on_end is not None:
-        on_end(record)
-    return 0 if record.get("status") == JobStatus.SUCCEEDED else 1
-
-
-def logs_dir() -> Path:
-    """Where `download_logs` writes: ~/sky_logs, as SkyPilot's `sky logs --sync-down`."""
-    return Path(os.path.expanduser("~/sky_logs"))
-
-
-def download_logs(
-    cluster_name: str, job_id: int | None = None, local_dir: str | os.PathLike[str] | None = None
-) -> tuple[int, Path, list[Path]]:
-    """Every node's log of a job (the latest by default) into `<local_dir>/<cluster>/<job id>-<name>/`:
-    `<rank>-head.log`, `<rank>-worker<N>.log` (the run) and `setup-head.log`, ... (setup), as SkyPilot names
-    them; returns (job id, that folder, the files)."""
-    folder = Path(local_dir) if local_dir is not None else logs_dir()
-    with _jobs(cluster_name) as cluster_jobs:
-        return cluster_jobs.download(job_id, folder / cluster_name)
-
-
-def job_status(cluster_name: str, job_ids: Sequence[int] | None = None) -> dict[int, JobStatus | None]:
-    """{job_id: status} for the given jobs (the latest job when none are given); None for an unknown id."""
-    with _jobs(cluster_name) as cluster_jobs:
-        if not job_ids:
-            record = cluster_jobs.record(None)
-            return {int(record["job_id"]): JobStatus(record["status"])}
-        result: dict[int, JobStatus | None] = {}
-        for job_id in job_ids:
-            try:
-                result[job_id] = JobStatus(cluster_jobs.record(job_id)["status"])
-            except ClusterError:
-                result[job_id] = None
-        return result
-
-
-def queue(cluster_name: str) -> list[dict[str, Any]]:
-    """Every job record of the cluster, oldest first (id, name, status, submitted/started/ended, exit codes)."""
-    with _jobs(cluster_name) as cluster_jobs:
-        return list(cluster_jobs.records())
-
-
-def cancel(cluster_name: str, job_ids: Sequence[int] | None = None, all: bool = False) -> list[int]:
-    """Kill jobs' processes on every node and mark them CANCELLED (default: the latest unfinished job)."""
-    with _jobs(cluster_name) as cluster_jobs:
-        return list(cluster_jobs.cancel(list(job_ids) if job_ids else None, all_jobs=all))
 
 
 def down(cluster_name: str) -> None:
@@ -446,7 +326,7 @@ def status(cluster_names: Sequence[str] | None = None, infra: str | None = None)
     for name in cluster_names or list(cloud.clusters()):
         nodes = cloud.nodes(name)
         if cluster_names and nodes:
-            _remember(name, infra)  # `status --infra I NAME` is how a user says where an ambiguous name lives
+            remember(name, infra)  # `status --infra I NAME` is how a user says where an ambiguous name lives
         result.append(_status_row(name, infra, nodes))
     return result
 

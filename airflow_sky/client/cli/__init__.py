@@ -50,7 +50,7 @@ def _select_pool_file(path: str | None) -> None:
 def _check_cluster_names(args: argparse.Namespace) -> None:
     """Every cluster name on the command line: one SkyPilot refuses is refused, before anything runs; one it
     accepts that is no host name label here (`Dev_Box`) is used as one (`dev-box`), and said so."""
-    from airflow_sky.client.sdk import check_cluster_name, cluster_name_note
+    from airflow_sky.client.cluster_names import check_cluster_name, cluster_name_note
 
     if getattr(args, "command", None) == "ssh" and args.cluster in ("check", "unlock"):
         return  # `ssh check|unlock POOL` names a pool

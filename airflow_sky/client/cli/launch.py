@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
-import secrets
 import signal
 import sys
 import time
@@ -271,8 +269,8 @@ def _stop_helpers() -> None:
 
 def _launch(args: argparse.Namespace) -> int:
     from airflow_sky.client.cli.common import check_buckets, check_git_workdir
+    from airflow_sky.client.cluster_names import generated_cluster_name
     from airflow_sky.client.engine import LaunchOptions
-    from airflow_sky.gang.job import sanitize_cluster_name
     from airflow_sky.task.pipeline import is_pipeline_file
 
     if is_pipeline_file(args.file):
@@ -288,7 +286,7 @@ def _launch(args: argparse.Namespace) -> int:
         return 0
     check_git_workdir(task)
     check_buckets(task, infra)
-    cluster = args.cluster or sanitize_cluster_name(f"sky-{secrets.token_hex(2)}-{getpass.getuser()}")
+    cluster = args.cluster or generated_cluster_name()
     if not args.yes and sys.stdin.isatty():
         answer = input(
             f"Launching {task.name or 'a task'} on cluster {cluster} ({infra}, {task.num_nodes} nodes). Proceed? [Y/n] "

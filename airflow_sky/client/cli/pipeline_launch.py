@@ -12,7 +12,6 @@ DAG (dags_from_folder, dag_from_yaml).
 from __future__ import annotations
 
 import argparse
-import getpass
 import secrets
 import sys
 import warnings
@@ -24,9 +23,9 @@ from rich.console import Console
 
 from airflow_sky.client.cli.common import env_values
 from airflow_sky.client.cli.common import secret_values as launch_secrets
+from airflow_sky.client.cluster_names import generated_cluster_name, pipeline_cluster_name
 from airflow_sky.client.engine import LaunchOptions
 from airflow_sky.errors import SpecError
-from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.task import SpecWarning, Task
 from airflow_sky.task.envs import pipeline_task_ids
 from airflow_sky.task.pipeline import PARALLEL, Pipeline
@@ -111,11 +110,8 @@ def launch_pipeline(args: argparse.Namespace, run: Runner) -> int:
             console.print(f"[bold]Task {number}/{len(pipeline.tasks)}: {task.name}[/]")
             print_plan(task, infra, console)
         return 0
-    base = args.cluster or sanitize_cluster_name(f"sky-{secrets.token_hex(2)}-{getpass.getuser()}")
-    clusters = [
-        sanitize_cluster_name(f"{base[:24]}-{index}-{job_id}")
-        for index, job_id in enumerate(pipeline.job_ids)
-    ]
+    base = args.cluster or generated_cluster_name()
+    clusters = [pipeline_cluster_name(base, index, job_id) for index, job_id in enumerate(pipeline.job_ids)]
     down = True if args.down is None else bool(args.down)
     if not args.yes and sys.stdin.isatty():
         plan = ", ".join(f"{t.name} ({t.num_nodes} nodes)" for t in pipeline.tasks)

@@ -1,0 +1,96 @@
+"""The SDK's calls on a cluster's jobs, mirroring SkyPilot's: tail_logs, download_logs, job_status, queue,
+cancel. They read and act on the cluster itself (its job state, kept by the infra, and its nodes), never
+Airflow; re-exported by client.sdk."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from airflow_sky.client.cluster_lookup import cluster_of
+from airflow_sky.errors import ClusterError
+from airflow_sky.gang.job import JobStatus
+
+if TYPE_CHECKING:  # loads the SSH layer: only once the cluster is known
+    from airflow_sky.gang.cluster_jobs import ClusterJobs
+
+
+def _jobs(cluster_name: str, infra: str | None = None) -> ClusterJobs:
+    cluster = cluster_of(cluster_name, infra)  # an unknown name fails here, before the SSH layer loads
+    from airflow_sky.gang.cluster_jobs import ClusterJobs
+
+    return ClusterJobs(cluster)
+
+
+def tail_logs(
+    cluster_name: str,
+    job_id: int | None = None,
+    follow: bool = True,
+    output: TextIO | None = None,
+    tail: int = 0,
+    on_end: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """Print a job's node-prefixed logs (following until it ends); returns 0 if it SUCCEEDED, else 1.
+
+    `tail` > 0: each node's run log from its last `tail` lines, as `sky logs --tail N`. `on_end` gets the
+    job's record (its status) once the logs ended.
+    """
+    out = output or sys.stdout
+    lock = threading.Lock()
+
+    def emit(rank: int, line: str) -> None:
+        with lock:
+            print(line, file=out, flush=True)
+
+    with _jobs(cluster_name) as cluster_jobs:
+        record = cluster_jobs.tail(job_id, emit, follow=follow, tail_lines=tail)
+    if on_end is not None:
+        on_end(record)
+    return 0 if record.get("status") == JobStatus.SUCCEEDED else 1
+
+
+def logs_dir() -> Path:
+    """Where `download_logs` writes: ~/sky_logs, as SkyPilot's `sky logs --sync-down`."""
+    return Path(os.path.expanduser("~/sky_logs"))
+
+
+def download_logs(
+    cluster_name: str, job_id: int | None = None, local_dir: str | os.PathLike[str] | None = None
+) -> tuple[int, Path, list[Path]]:
+    """Every node's log of a job (the latest by default) into `<local_dir>/<cluster>/<job id>-<name>/`:
+    `<rank>-head.log`, `<rank>-worker<N>.log` (the run) and `setup-head.log`, ... (setup), as SkyPilot names
+    them; returns (job id, that folder, the files)."""
+    folder = Path(local_dir) if local_dir is not None else logs_dir()
+    with _jobs(cluster_name) as cluster_jobs:
+        return cluster_jobs.download(job_id, folder / cluster_name)
+
+
+def job_status(cluster_name: str, job_ids: Sequence[int] | None = None) -> dict[int, JobStatus | None]:
+    """{job_id: status} for the given jobs (the latest job when none are given); None for an unknown id."""
+    with _jobs(cluster_name) as cluster_jobs:
+        if not job_ids:
+            record = cluster_jobs.record(None)
+            return {int(record["job_id"]): JobStatus(record["status"])}
+        result: dict[int, JobStatus | None] = {}
+        for job_id in job_ids:
+            try:
+                result[job_id] = JobStatus(cluster_jobs.record(job_id)["status"])
+            except ClusterError:
+                result[job_id] = None
+        return result
+
+
+def queue(cluster_name: str) -> list[dict[str, Any]]:
+    """Every job record of the cluster, oldest first (id, name, status, submitted/started/ended, exit codes)."""
+    with _jobs(cluster_name) as cluster_jobs:
+        return list(cluster_jobs.records())
+
+
+def cancel(cluster_name: str, job_ids: Sequence[int] | None = None, all: bool = False) -> list[int]:
+    """Kill jobs' processes on every node and mark them CANCELLED (default: the latest unfinished job)."""
+    with _jobs(cluster_name) as cluster_jobs:
+        return list(cluster_jobs.cancel(list(job_ids) if job_ids else None, all_jobs=all))
