@@ -1,5 +1,5 @@
 """What the cloud drivers (aws, gcp) share around a launch: failover over placements, waiting for SSH,
-the image a task asks for, the driver's own record, and the emulators' endpoint resolver."""
+the image and disk a task asks for, the driver's own record, and the emulators' endpoint resolver."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from airflow_sky.task import Resources
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_S = (30.0, 600.0)  # first wait and cap between rounds of --retry-until-up
+DEFAULT_DISK_SIZE_GB = 256  # SkyPilot's default disk_size
 T = TypeVar("T")
 
 
@@ -108,6 +109,11 @@ def image_for(resources: Resources, region: str, cloud: str, forms: str) -> str 
             "or leave image_id out for the deep-learning image"
         )
     return image
+
+
+def disk_size_gb(resources: Resources) -> int:
+    """The root disk a node gets: the task's disk_size, or SkyPilot's default."""
+    return int(resources.disk_size or DEFAULT_DISK_SIZE_GB)
 
 
 def update_record(store: StateStore, key: str, changes: dict[str, Any], what: str) -> None:

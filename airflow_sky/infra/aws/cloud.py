@@ -41,6 +41,7 @@ from airflow_sky.infra.keys import public_key_of
 from airflow_sky.infra.provisioner import LaunchOrder, Survey
 from airflow_sky.infra.provisioning import (
     NoCapacity,
+    disk_size_gb,
     image_for,
 )
 from airflow_sky.task import Resources
@@ -138,7 +139,8 @@ class AwsCloud(AwsMembers):
             region,
             self.image_parameters,
         )
-        self._record_placement(cluster, placement, image, launch_spec.disk_size(resources))
+        disk = disk_size_gb(resources)
+        self._record_placement(cluster, placement, image, disk)
         day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         token = instances.launch_token(cluster, ranks, placement.label, known, day)
         adopted = [
@@ -162,7 +164,7 @@ class AwsCloud(AwsMembers):
                 use_spot=placement.use_spot,
                 image=image,
                 root_device=root_device,
-                disk_size=launch_spec.disk_size(resources),
+                disk_size=disk,
                 key_name=key_name,
                 token=token,
                 subnet=subnet,

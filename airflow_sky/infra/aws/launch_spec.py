@@ -8,8 +8,6 @@ from typing import Any
 from airflow_sky.infra.aws import instances
 from airflow_sky.task import Resources
 
-DEFAULT_DISK_SIZE_GB = 256  # SkyPilot's default disk_size
-
 
 def launch_tags(cluster: str, ranks: Sequence[int], token: str, job_name: str | None) -> list[dict[str, str]]:
     """The cluster's tags on every instance of the call; the rank tags too when the call makes one."""
@@ -91,7 +89,3 @@ def shutdown_behavior(resources: Resources, use_spot: bool, recorded: str | None
     if isinstance(autostop, dict) and not autostop["down"] and not use_spot:
         return "stop"
     return "terminate"
-
-
-def disk_size(resources: Resources) -> int:
-    return int(resources.disk_size or DEFAULT_DISK_SIZE_GB)

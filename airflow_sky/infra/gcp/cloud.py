@@ -41,6 +41,7 @@ from airflow_sky.infra.keys import public_key_of
 from airflow_sky.infra.provisioner import LaunchOrder, Survey
 from airflow_sky.infra.provisioning import (
     NoCapacity,
+    disk_size_gb,
     image_for,
 )
 from airflow_sky.infra.vm_cloud import SHUTDOWN
@@ -48,7 +49,6 @@ from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DISK_SIZE_GB = 256
 # For emulators only: "module:function" taking (vm name) and returning {"host", "port", "user",
 # "internal_ip", "host_key"} of a machine that plays the VM (the tests' local nodes).
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_GCP_ENDPOINT_RESOLVER"
@@ -160,7 +160,7 @@ class GcpCloud(GcpClusterRecords):
         autostop = resources.autostop if isinstance(resources.autostop, dict) else None
         forms = "an image (projects/P/global/images/NAME or .../images/family/F)"
         image = image_for(resources, placement.region, "gcp", forms) or self.default_image
-        disk = int(resources.disk_size or DEFAULT_DISK_SIZE_GB)
+        disk = disk_size_gb(resources)
         self._update_record(
             cluster,
             dataclasses.asdict(placement)
