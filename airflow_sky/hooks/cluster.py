@@ -1,8 +1,10 @@
 """SkyClusterHook: the one door from Airflow to a cluster's infra and nodes.
 
 Operators and triggers reach clouds and nodes only through this hook: it builds the plain `Cluster` object
-(infra.cluster) from the infra name and the Airflow connection, does the per-node file work (sync,
-artifacts) over SSH, and hands the Cluster to the gang core for everything a job does on its nodes.
+(infra.cluster) once from the infra name and the Airflow connection, does the cluster's work (provision,
+register the job, the job queue, the per-node file work, buckets, release), and hands out the job object
+(`job(handle)`, gang.gang_job.GangJob) for everything a job does on its nodes: start, follow, watch,
+relaunch, cancel, kill, results.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def remove_job_files(
 
 
 class SkyClusterHook(BaseHook):
-    """Talks to one cluster: provisioning through its Cloud driver, commands and files through SSH.
+    """Talks to one cluster: provisioning through its Cloud driver, files through SSH, jobs through the
+    GangJob it hands out. A task builds one (SkyBaseOperator.hook), and with it one Cluster.
 
     :param cluster_name: the cluster (instances are found by this name on the infra).
     :param infra: `local`, `ssh/<pool>`, `aws[/region]`, `gcp[/region]`.
