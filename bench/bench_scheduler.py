@@ -96,6 +96,7 @@ class Stack:
                 "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{API}/execution/",
+                "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
                 "AIRFLOW__API__PORT": "8080",
                 "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",

@@ -16,7 +16,8 @@ a worker's own disk would fail. The task logs go to one shared folder (a shared 
 deployment), which the API server reads.
 
 The driver triggers every DAG of CONFIG["dags"] through the REST API (/api/v2, a bearer token), optionally
-kills the ssh host that runs rank 1 of one DAG once its run follow tasks all deferred, waits for the runs,
+kills the ssh host that runs rank 1 of one DAG once its run follow tasks all deferred, touches a file that a
+job's ranks wait for once one of its follow tasks deferred (CONFIG["release_when_deferred"]), waits for the runs,
 then reads back through the REST API what the test checks, takes the UI screenshots, and writes REPORT.
 Everything it started is stopped before it exits, whatever happened.
 """
@@ -226,6 +227,9 @@ def airflow_env(root: Path, db_url: str, pool: SshdPool) -> dict[str, str]:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{API}/execution/",
+            # A loaded API server answers the Task SDK in more than Airflow's 5 s default; 5 timed-out retries
+            # fail a task before it starts (no start date). docs/deploy.md says the same for deployments.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "sky_stack_hostname.hostname",
             "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
             "AIRFLOW__API__PORT": "8080",
@@ -406,6 +410,7 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
     preempt = config.get("preempt")
     fail_task = config.get("fail_task")
     abandon = config.get("abandon")
+    release = config.get("release_when_deferred")
     watched = [d for d in dags if not abandon or d != abandon["dag_id"]]
     states = dict.fromkeys(dags, "queued")
     run_started = time.monotonic()
@@ -419,6 +424,10 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
             if killed:
                 report["preempted"] = {"address": killed, "at_s": time.monotonic() - run_started}
                 preempt = None
+        if release and _follows_any(client, release["dag_id"], runs[release["dag_id"]], "deferred"):
+            Path(release["file"]).touch()  # the job's ranks wait for this file
+            report["released_at_s"] = time.monotonic() - run_started
+            release = None
         # As early as can be: before the follow task got going, so nothing of it can react (its siblings must).
         if (
             fail_task
@@ -487,6 +496,12 @@ def _phase_all(client: httpx.Client, dag_id: str, run_id: str, phase: str, state
     tis = _task_instances(client, dag_id, run_id)
     found = [ti["state"] for ti in tis if ti["task_id"].endswith(f".{phase}")]
     return bool(found) and all(s == state for s in found)
+
+
+def _follows_any(client: httpx.Client, dag_id: str, run_id: str, state: str) -> bool:
+    """Whether any run_follow task instance of the run is in `state`."""
+    tis = _task_instances(client, dag_id, run_id)
+    return any(ti["state"] == state for ti in tis if ti["task_id"].endswith(".run_follow"))
 
 
 def _follows_all(client: httpx.Client, dag_id: str, run_id: str, state: str) -> bool:

@@ -19,6 +19,10 @@ import pytest
 
 from tests.scheduler.stack import run_in_private_network
 
+# The stack's own deadline, not pytest's 600 s default, bounds it: the stack driver is given up to 1200 s,
+# also on a loaded machine.
+pytestmark = pytest.mark.timeout(1300)
+
 REPO = Path(__file__).resolve().parents[2]
 # The suite never writes tracked files: its screenshots go to the test's temporary folder, unless
 # `make screenshots` asks for the docs' own (docs/img).

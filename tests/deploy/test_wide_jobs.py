@@ -17,6 +17,10 @@ import pytest
 
 from tests.deploy.test_celery_deployment import run_celery_stack
 
+# The stack's own deadline, not pytest's 600 s default, bounds it: run_celery_stack waits up to 1200 s for the stack,
+# also on a loaded machine.
+pytestmark = pytest.mark.timeout(1300)
+
 NODES = 24
 DEFAULT_MAX_ACTIVE_TASKS_PER_DAG = 16
 
@@ -27,14 +31,15 @@ from airflow_sky import Task, sky_job
 task = Task(
     name="wide",
     num_nodes={nodes},
-    run='echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES"; sleep {sleep}; echo "rank $SKYPILOT_NODE_RANK done"',
+    run='echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES"; {wait}; echo "rank $SKYPILOT_NODE_RANK done"',
 )
 with DAG({dag_id!r}, schedule=None) as dag:
     sky_job(task, cluster_name={dag_id!r}, infra="ssh/stack", conn_id="sky_pool", deferrable={deferrable!r},
             defer_after_s=0, setup=False)
 """
-# The deferrable job runs longer: a follow task that starts after its rank ended has nothing to wait for.
-DAGS = {"wide_blocking": (False, 10), "wide_deferrable": (True, 30)}
+# The deferrable job's ranks run until the driver saw one of its follow tasks deferred (a follow task that
+# starts after its rank ended has nothing to wait for, as on a loaded machine), at most 5 minutes.
+RELEASE_WAIT = "for _ in $(seq 300); do [ -e {release} ] && break; sleep 1; done"
 
 
 def _max_concurrent(tis: list[dict[str, Any]]) -> int:
@@ -52,12 +57,24 @@ def _max_concurrent(tis: list[dict[str, Any]]) -> int:
 
 @pytest.fixture(scope="module")
 def wide_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    dags = {
-        dag_id: WIDE_JOB.format(nodes=NODES, dag_id=dag_id, deferrable=deferrable, sleep=sleep)
-        for dag_id, (deferrable, sleep) in DAGS.items()
+    tmp = tmp_path_factory.mktemp("wide")
+    release = tmp / "release-wide-deferrable"
+    waits = {
+        "wide_blocking": (False, "sleep 10"),
+        "wide_deferrable": (True, RELEASE_WAIT.format(release=release)),
     }
-    config = {"pool_size": 2 * NODES, "pool_prefix": "wide", "log_phases": ["run_follow"], "timeout_s": 600}
-    return run_celery_stack(tmp_path_factory.mktemp("wide"), dags, config)
+    dags = {
+        dag_id: WIDE_JOB.format(nodes=NODES, dag_id=dag_id, deferrable=deferrable, wait=wait)
+        for dag_id, (deferrable, wait) in waits.items()
+    }
+    config = {
+        "pool_size": 2 * NODES,
+        "pool_prefix": "wide",
+        "log_phases": ["run_follow"],
+        "timeout_s": 600,
+        "release_when_deferred": {"dag_id": "wide_deferrable", "file": str(release)},
+    }
+    return run_celery_stack(tmp, dags, config)
 
 
 def test_a_24_node_job_completes_under_the_default_task_limits_deferrable_or_blocking(wide_report):
@@ -76,8 +93,7 @@ def test_the_limit_did_bind_and_deferred_follow_tasks_held_no_slot(wide_report):
     follows = [ti for ti in blocking if ti["task_id"] == "wide.run_follow"]
     # Never more than 16 of the job's tasks at once, so the 24 blocking follow tasks took turns.
     assert _max_concurrent(blocking) <= DEFAULT_MAX_ACTIVE_TASKS_PER_DAG < len(follows)
-    # Deferrable follow tasks waited in the triggerer (one that starts after its rank ended, as on a loaded
-    # machine, has nothing to wait for).
+    # Deferrable follow tasks waited in the triggerer (their ranks ran until one had deferred).
     deferred = wide_report["runs"]["wide_deferrable"]["logs"]
     assert any("waiting in the triggerer" in log for log in deferred.values())
 

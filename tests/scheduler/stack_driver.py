@@ -44,6 +44,9 @@ def _stack_env(home: Path) -> dict[str, str]:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{API}/execution/",
+            # A loaded API server answers the Task SDK in more than Airflow's 5 s default; 5 timed-out retries
+            # fail a task before it starts (no start date). docs/deploy.md says the same for deployments.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
             "AIRFLOW__API__PORT": "8080",
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",

@@ -10,9 +10,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from airflow_sky.infra.local import daemon
 from airflow_sky.operators.provision import default_cluster_name
 from tests.scheduler.stack import run_stack, terminate_clusters
+
+# The stack's own deadline, not pytest's 600 s default, bounds it: run_stack waits up to 1500 s,
+# also on a loaded machine.
+pytestmark = pytest.mark.timeout(1600)
 
 # Runs of each DAG. Before the trigger's minimum wait, two runs in three failed: three catch a regression.
 RUNS = 3

@@ -8,9 +8,15 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from airflow_sky.infra.local import daemon
 from airflow_sky.infra.local.cloud import LocalCloud
 from tests.scheduler.stack import run_stack, terminate_clusters
+
+# The stack's own deadline, not pytest's 600 s default, bounds it: run_stack waits up to 900 s,
+# also on a loaded machine.
+pytestmark = pytest.mark.timeout(1000)
 
 CLUSTER = "shared-down"
 
