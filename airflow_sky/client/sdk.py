@@ -93,21 +93,25 @@ def run(
         prepare_airflow()
     from airflow_sky.client.engine import run_job
 
-    _preflight(task, options, task_file or "TASK.yaml", launch_command)
+    cluster = _preflight(task, options, task_file or "TASK.yaml", launch_command)
+
+    def this_cluster(name: str, infra: str) -> Cluster:
+        """The launch's one Cluster (its cloud session too); another only for a name the engine changed."""
+        return cluster if (name, infra) == (cluster.name, cluster.infra) else cluster_of(name, infra)
 
     def on_event(event: Event) -> None:
         if event.kind == "job":
             handle = JobHandle.from_dict(event.data)
             remember(handle.cluster_name, handle.infra)
-            cluster = cluster_of(handle.cluster_name, handle.infra)
-            ssh_config.write_entries(handle.cluster_name, handle.nodes, cluster.key_files(handle.nodes))
+            key_files = this_cluster(handle.cluster_name, handle.infra).key_files(handle.nodes)
+            ssh_config.write_entries(handle.cluster_name, handle.nodes, key_files)
         if listener is not None:
             listener(event)
 
     if not options.follow and options.must_exist and not in_child:
         from airflow_sky.gang.cluster_jobs import queue_blockers
 
-        if queue_blockers(cluster_of(options.cluster_name, options.infra), task):
+        if queue_blockers(cluster, task):
             # `exec -d` on a busy cluster returns once its job is queued: a background engine waits its turn.
             from airflow_sky.client.detach import queue_in_background
 
@@ -116,23 +120,24 @@ def run(
     if (
         options.down
         and outcome.job_id is not None
-        and not cluster_of(outcome.cluster_name, options.infra).nodes()
+        and not this_cluster(outcome.cluster_name, options.infra).nodes()
     ):
         forget(outcome.cluster_name)  # the DAG's teardown took it down
     return outcome
 
 
-def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_command: str | None) -> None:
-    """Refuse what cannot work before any Airflow run starts: an unknown infra, an exec that cannot run."""
+def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_command: str | None) -> Cluster:
+    """Refuse what cannot work before any Airflow run starts: an unknown infra, an exec that cannot run.
+    Returns the launch's cluster (opened once: every later step of this launch here uses it)."""
     from airflow_sky.gang.phases import check_exec_nodes
-    from airflow_sky.infra.registry import get_cloud
 
-    get_cloud(options.infra).check_config()
-    cluster_of(options.cluster_name, options.infra).autostop_for(task.resources)  # an infra without autostop
+    cluster = cluster_of(options.cluster_name, options.infra)  # an unknown infra is refused here
+    cluster.cloud.check_config()
+    cluster.autostop_for(task.resources)  # an infra without autostop
     if options.must_exist:
         from airflow_sky.client.cluster_search import known_cluster_names
 
-        nodes = cluster_of(options.cluster_name, options.infra).nodes()
+        nodes = cluster.nodes()
         check_exec_nodes(
             options.cluster_name,
             options.infra,
@@ -142,6 +147,7 @@ def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_comman
             launch_command=launch_command,
             known_clusters=() if nodes else known_cluster_names(),
         )
+    return cluster
 
 
 def forget(cluster_name: str) -> None:
