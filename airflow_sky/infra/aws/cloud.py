@@ -39,11 +39,7 @@ from airflow_sky.infra.aws.placement import Placement
 from airflow_sky.infra.base import Node, ProvisionRequest
 from airflow_sky.infra.keys import public_key_of
 from airflow_sky.infra.provisioner import LaunchOrder, Survey
-from airflow_sky.infra.provisioning import (
-    NoCapacity,
-    disk_size_gb,
-    image_for,
-)
+from airflow_sky.infra.provisioning import NoCapacity, disk_size_gb, image_for
 from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
@@ -127,10 +123,11 @@ class AwsCloud(AwsMembers):
         region = placement.region
         ec2 = self._client("ec2", region)
         resources = request.resources or Resources()
-        key_name = network.ensure_key_pair(ec2, public_key_of(s.ssh_key_file))
-        vpc = network.default_vpc(ec2, region)
-        group = network.ensure_security_group(ec2, vpc, s.security_group, s.ssh_cidr)
-        subnet = network.subnet_in_zone(ec2, vpc, self.zone_name(region, placement.zone))
+        zone_name = self.zone_name(region, placement.zone)
+        public_key = public_key_of(s.ssh_key_file)
+        placed = network.launch_network(
+            ec2, region, zone_name, public_key, s.security_group, s.ssh_cidr, not s.use_private_ip
+        )
         image, root_device = network.resolve_image(
             ec2,
             self._client("ssm", region),
@@ -164,16 +161,13 @@ class AwsCloud(AwsMembers):
                 use_spot=placement.use_spot,
                 image=image,
                 root_device=root_device,
+                tags=launch_spec.launch_tags(cluster, ranks, token, request.job_name),
                 disk_size=disk,
-                key_name=key_name,
+                network=placed,
                 token=token,
-                subnet=subnet,
-                group=group,
-                public_ip=not s.use_private_ip,
                 shutdown=launch_spec.shutdown_behavior(
                     resources, placement.use_spot, self._launch_settings(cluster).get("shutdown")
                 ),
-                tags=launch_spec.launch_tags(cluster, ranks, token, request.job_name),
                 iam_instance_profile=s.iam_instance_profile,
             )
             ids = self._run_instances(ec2, placement, args)

@@ -35,11 +35,8 @@ def run_instances_args(
     image: str,
     root_device: str,
     disk_size: int,
-    key_name: str,
+    network: dict[str, Any],
     token: str,
-    subnet: str,
-    group: str,
-    public_ip: bool,
     shutdown: str,
     tags: list[dict[str, str]],
     iam_instance_profile: str | None,
@@ -49,11 +46,7 @@ def run_instances_args(
         "InstanceType": instance_type,
         "MinCount": count,
         "MaxCount": count,
-        "KeyName": key_name,
         "ClientToken": token,
-        "NetworkInterfaces": [
-            {"DeviceIndex": 0, "SubnetId": subnet, "Groups": [group], "AssociatePublicIpAddress": public_ip}
-        ],
         "BlockDeviceMappings": [
             {
                 "DeviceName": root_device,
@@ -67,6 +60,7 @@ def run_instances_args(
             {"ResourceType": "volume", "Tags": tags[:1]},
         ],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        **network,  # the key pair and the interface (subnet, security group): network.launch_network
     }
     if iam_instance_profile:
         # The nodes' own identity: their role reaches the task's s3:// buckets, no key is sent to them.

@@ -26,6 +26,24 @@ DEFAULT_IMAGE_PARAMETERS = {
 SSM_PREFIX = "resolve:ssm:"
 
 
+def launch_network(
+    ec2: Any, region: str, zone_name: str, public_key: str, group_name: str, ssh_cidr: str, public_ip: bool
+) -> dict[str, Any]:
+    """The run_instances arguments that place instances in the zone: the key pair, and one interface in
+    the zone's subnet of the default VPC with the security group; each found, or made once."""
+    key_name = ensure_key_pair(ec2, public_key)
+    vpc = default_vpc(ec2, region)
+    group = ensure_security_group(ec2, vpc, group_name, ssh_cidr)
+    subnet = subnet_in_zone(ec2, vpc, zone_name)
+    interface = {
+        "DeviceIndex": 0,
+        "SubnetId": subnet,
+        "Groups": [group],
+        "AssociatePublicIpAddress": public_ip,
+    }
+    return {"KeyName": key_name, "NetworkInterfaces": [interface]}
+
+
 def key_pair_name(public_key: str) -> str:
     """A key pair name derived from the key itself, so one key is imported once per region."""
     blob = base64.b64decode(public_key.split()[1])

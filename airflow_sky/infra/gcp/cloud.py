@@ -39,11 +39,7 @@ from airflow_sky.infra.gcp.placement import GcpClusterRecords, Placement
 from airflow_sky.infra.host_keys import host_key_from_console
 from airflow_sky.infra.keys import public_key_of
 from airflow_sky.infra.provisioner import LaunchOrder, Survey
-from airflow_sky.infra.provisioning import (
-    NoCapacity,
-    disk_size_gb,
-    image_for,
-)
+from airflow_sky.infra.provisioning import NoCapacity, disk_size_gb, image_for
 from airflow_sky.infra.vm_cloud import SHUTDOWN
 from airflow_sky.task import Resources
 
