@@ -91,10 +91,6 @@ class ClusterJobs:
     def record(self, job_id: int | None = None) -> dict[str, Any]:
         return self.state(job_id).to_record()
 
-    @staticmethod
-    def phase_ranks(state: js.JobState, phase: Phase) -> list[int]:
-        return phase_ranks(state, phase)
-
     def job(self, job_id: int) -> GangJob:
         return GangJob(self.cluster, job_id, states=self.states)
 
@@ -147,7 +143,7 @@ class ClusterJobs:
         """
         state = self.state(job_id)
         for phase in PHASES if tail_lines <= 0 else ("run",):
-            ranks = self.phase_ranks(state, phase)
+            ranks = phase_ranks(state, phase)
             # Without follow, each rank's lines are kept and printed head first, then worker1, ...: the
             # threads finish in whatever order their nodes answer.
             kept: dict[int, list[str]] = {rank: [] for rank in ranks}
@@ -231,7 +227,7 @@ class ClusterJobs:
         nodes = {n.rank: n for n in state.job_nodes}
         written: list[Path] = []
         for phase in PHASES:
-            for rank in self.phase_ranks(state, phase):
+            for rank in phase_ranks(state, phase):
                 role = "head" if rank == 0 else f"worker{rank}"
                 generation = state.generation if phase == "run" else state.setup_generation(rank)
                 path = target / (f"setup-{role}.log" if phase == "setup" else f"{rank}-{role}.log")
