@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
-from airflow_sky.gang.relaunch import current_handle
+from airflow_sky.gang.state_record import current_handle
 from airflow_sky.gang.watcher import PhaseWatch
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.task import Task

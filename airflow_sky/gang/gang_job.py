@@ -33,7 +33,7 @@ from airflow_sky.gang.phases import (
     start_ranks,
 )
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
-from airflow_sky.gang.relaunch import current_handle, follow_relaunch
+from airflow_sky.gang.state_record import current_handle
 from airflow_sky.gang.watcher import (
     PhaseWatch,
     PhaseWatcher,
@@ -159,6 +159,10 @@ class GangJob:
 
     def relaunch(self, task: Task, generation: int, owner: str, log: Callable[[str], None]) -> js.JobState:
         """Lead or wait for the relaunch past `generation` (gang.relaunch); the state of the one to follow."""
+        # Imported here: a relaunch mounts buckets (node.buckets -> Airflow's object storage), and
+        # `airflow-sky queue` reaches this module without Airflow (tests/cli/test_cli_imports.py).
+        from airflow_sky.gang.relaunch import follow_relaunch
+
         return follow_relaunch(self.cluster, self.states, task, self.handle, generation, owner, log)
 
     def refresh(self, state: js.JobState, owner: str) -> js.JobState:

@@ -30,6 +30,7 @@ from airflow_sky.gang.follow import read_to_end
 from airflow_sky.gang.job import JobHandle, JobStatus
 from airflow_sky.gang.lease import LeaseObserver
 from airflow_sky.gang.phases import BUCKETS_INFO_KEY, start_script
+from airflow_sky.gang.state_record import job_nodes
 from airflow_sky.gang.watcher import kill_ranks, parallel
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
@@ -43,20 +44,6 @@ HEARTBEAT_S = 5.0
 WAIT_POLL_S = 1.0
 RELAUNCH_ATTEMPTS = 3
 RELAUNCH_RETRY_DELAY_S = 5.0
-
-
-def job_nodes(handle: JobHandle, state: js.JobState | None) -> tuple[Node, ...]:
-    """The job's nodes as of its current generation (the provisioned ones until a recovery replaced some)."""
-    if state is not None and state.nodes:
-        return state.job_nodes
-    return handle.nodes
-
-
-def current_handle(handle: JobHandle, state: js.JobState | None) -> JobHandle:
-    """`handle` moved to the job's current generation and nodes."""
-    if state is None:
-        return handle
-    return dataclasses.replace(handle, nodes=job_nodes(handle, state), generation=state.generation)
 
 
 class LeadLost(Exception):

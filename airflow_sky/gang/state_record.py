@@ -1,12 +1,13 @@
 """The job state's record: the job, its phases' verdicts, its relaunch claim and its watch leases, as
-frozen dataclasses with their dict form. Only gang.state's pure transitions make a new one."""
+frozen dataclasses with their dict form (only gang.state's pure transitions make a new one); and a job's
+handle moved to the generation and nodes the record has."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from airflow_sky.gang.job import JobStatus, Phase, nodes_of
+from airflow_sky.gang.job import JobHandle, JobStatus, Phase, nodes_of
 from airflow_sky.gang.recovery import Action
 from airflow_sky.infra.base import Node
 
@@ -185,3 +186,17 @@ class JobState:
 
 def phase_key(phase: Phase, generation: int) -> str:
     return f"{phase}-{int(generation)}"
+
+
+def job_nodes(handle: JobHandle, state: JobState | None) -> tuple[Node, ...]:
+    """The job's nodes as of its current generation (the provisioned ones until a recovery replaced some)."""
+    if state is not None and state.nodes:
+        return state.job_nodes
+    return handle.nodes
+
+
+def current_handle(handle: JobHandle, state: JobState | None) -> JobHandle:
+    """`handle` moved to the job's current generation and nodes."""
+    if state is None:
+        return handle
+    return dataclasses.replace(handle, nodes=job_nodes(handle, state), generation=state.generation)
