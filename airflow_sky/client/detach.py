@@ -24,6 +24,7 @@ from airflow_sky.client.engine import JobOutcome, LaunchOptions, private_airflow
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import PHASES, JobHandle
 from airflow_sky.task import Task
+from airflow_sky.task.launch import Launch
 
 QUEUED_FLAG = "--queued"
 
@@ -59,13 +60,7 @@ def queue_in_background(task: Task, options: LaunchOptions, listener: events.Lis
     log_dir = private_airflow_home() / "logs" / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{options.cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}-queued-{os.getpid()}.log"
-    payload = json.dumps(
-        {
-            "task": task.to_dict(),
-            "base_dir": task.base_dir,
-            "options": dataclasses.asdict(dataclasses.replace(options, follow=True)),
-        }
-    )
+    payload = Launch(task, dataclasses.replace(options, follow=True)).to_json()
     fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
@@ -117,11 +112,10 @@ def _run_queued() -> int:
         with contextlib.suppress(OSError, ValueError):  # the launcher returned: nobody reads any more
             out.write(json.dumps(dataclasses.asdict(event)) + "\n")
 
-    spec = json.loads(sys.stdin.read())
+    launch = Launch.from_json(sys.stdin.read())
     from airflow_sky.client.engine import run_job
 
-    task = Task.from_dict(spec["task"], base_dir=spec["base_dir"])
-    outcome = run_job(task, LaunchOptions(**spec["options"]), listener=send)
+    outcome = run_job(launch.task, launch.options, listener=send)
     return 0 if outcome.succeeded else 1
 
 

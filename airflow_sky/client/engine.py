@@ -7,8 +7,8 @@ home (`~/.airflow_sky/airflow`, or AIRFLOW_SKY_AIRFLOW_HOME) so the CLI never to
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
-import json
 import os
 import secrets
 import subprocess
@@ -25,6 +25,7 @@ from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle, Phase, sanitize_cluster_name
 from airflow_sky.infra.home import sky_home
 from airflow_sky.task import Task
+from airflow_sky.task.launch import Launch, LaunchOptions
 from airflow_sky.task.redaction import task_redactor
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
@@ -33,23 +34,6 @@ _STARTS_PHASE: dict[str, Phase] = {
     "sync": "setup",
     "launch": "run",
 }  # the step that starts each phase's scripts
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchOptions:
-    cluster_name: str
-    infra: str = "local"
-    down: bool = True
-    setup: bool = True  # False: `exec` and `launch --no-setup`
-    must_exist: bool = False  # True: `exec` runs only on a cluster that is already up
-    retry_until_up: bool = False  # `--retry-until-up`: no capacity anywhere is retried, not a failure
-    follow: bool = True  # False: `--detach-run`, the launch returns once the run started
-    # A pipeline's job (the CLI runs each as a launch of its own): the pipeline's name, the job's index,
-    # and every task's name and SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS).
-    pipeline_name: str | None = None
-    pipeline_index: int = 0
-    pipeline_task_names: tuple[str, ...] = ()
-    pipeline_task_ids: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -162,26 +146,21 @@ def abandon_launch() -> Path | None:
     return log_file
 
 
-def write_launch_files(task: Task, options: LaunchOptions) -> Path:
-    """The private DAG file and its spec (0600: it may hold secrets); returns the DAG file's path."""
+def write_launch_files(launch: Launch) -> Path:
+    """The private DAG file and its spec (0600: it may hold secrets), for Airflow's parse of the dags
+    folder (dag.test() writes the DAG to its DB from there); returns the DAG file's path."""
     from airflow.configuration import conf
 
-    dag_id = dag_id_for(options.cluster_name)
+    dag_id = dag_id_for(launch.options.cluster_name)
     dags = Path(conf.get("core", "dags_folder"))
     dags.mkdir(parents=True, exist_ok=True)
     _active["dags_folder"] = dags
     spec_path = dags / f"{dag_id}.json"
     dag_path = dags / f"{dag_id}.py"
-    spec = {
-        "task": task.to_dict(),
-        "base_dir": task.base_dir,
-        "options": dataclasses.asdict(options),
-        "dag_id": dag_id,
-    }
     fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     _active["files"] = (spec_path, dag_path)
     with os.fdopen(fd, "w") as f:
-        json.dump(spec, f)
+        f.write(launch.to_json())
     dag_path.write_text(
         '"""Written by airflow-sky launch: the job as a DAG (removed when the launch ends)."""\n'
         "from airflow_sky.client.engine import dag_from_spec_file\n\n"
@@ -191,27 +170,32 @@ def write_launch_files(task: Task, options: LaunchOptions) -> Path:
 
 
 def dag_from_spec_file(spec_path: str) -> Any:
-    """The launch DAG described by a spec file (see write_launch_files)."""
+    """The launch DAG described by a spec file (see write_launch_files); its DAG id is the file's name."""
+    path = Path(spec_path)
+    return launch_dag(Launch.from_json(path.read_text()), path.stem)
+
+
+def launch_dag(launch: Launch, dag_id: str) -> Any:
+    """The launch as a DAG: the sky_job TaskGroup a scheduler would run."""
     from airflow.sdk import DAG
 
     from airflow_sky.dags.job import sky_job
     from airflow_sky.operators.provision import PipelineSlot
 
-    spec = json.loads(Path(spec_path).read_text())
-    options = LaunchOptions(**spec["options"])
+    options = launch.options
     pipeline = None
     if options.pipeline_name is not None:
         pipeline = PipelineSlot(
             options.pipeline_name,
             options.pipeline_index,
-            tuple(options.pipeline_task_names),
-            tuple(options.pipeline_task_ids),
+            options.pipeline_task_names,
+            options.pipeline_task_ids,
         )
     # A SkyPilot task as written: `{{ }}` in a script is the script's business, not a template.
     from airflow_sky.task.templating import keep_literal  # (jinja2: only a launch needs it)
 
-    task = keep_literal(Task.from_dict(spec["task"], base_dir=spec["base_dir"]))
-    with DAG(spec["dag_id"], schedule=None, catchup=False, tags=["airflow-sky", "launch"]) as dag:
+    task = keep_literal(copy.deepcopy(launch.task))  # it edits in place: the launch's task stays as given
+    with DAG(dag_id, schedule=None, catchup=False, tags=["airflow-sky", "launch"]) as dag:
         sky_job(
             task,
             cluster_name=options.cluster_name,
@@ -303,12 +287,12 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
 
     queue_watch: list[QueueWatch] = []  # what the job waits for in the cluster's queue, as `queued` events
     try:
-        dag_path = write_launch_files(task, options)
+        launch = Launch(task, options)
+        dag_path = write_launch_files(launch)
         queue_watch.append(QueueWatch(cluster_name, options.infra, dag_path.stem, sink))
         queue_watch[0].start()
         with _output_to(log_file), task_events(sink):
-            dag = dag_from_spec_file(str(dag_path.with_suffix(".json")))
-            dag_run = dag.test()
+            dag_run = launch_dag(launch, dag_path.stem).test()  # the same DAG as the file's, not read back
         state = str(getattr(dag_run.state, "value", dag_run.state))
     finally:
         for watcher in node_logs:

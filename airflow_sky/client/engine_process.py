@@ -23,6 +23,7 @@ from airflow_sky.client.engine import AIRFLOW_HOME_ENV, JobOutcome, LaunchOption
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.task import Task
+from airflow_sky.task.launch import Launch
 
 
 def caller_runs_airflow() -> bool:
@@ -40,9 +41,7 @@ def child_environment(parent: dict[str, str]) -> dict[str, str]:
 def run_job_in_child(
     task: Task, options: LaunchOptions, listener: events.Listener | None = None
 ) -> JobOutcome:
-    payload = json.dumps(
-        {"task": task.to_dict(), "base_dir": task.base_dir, "options": dataclasses.asdict(options)}
-    )
+    payload = Launch(task, options).to_json()
     proc = subprocess.Popen(
         [sys.executable, "-m", "airflow_sky.client.engine_process"],
         stdin=subprocess.PIPE,
@@ -94,14 +93,13 @@ def main() -> int:
     def send(message: dict[str, Any]) -> None:
         out.write(json.dumps(message) + "\n")
 
-    spec = json.loads(sys.stdin.read())
+    launch = Launch.from_json(sys.stdin.read())
     from airflow_sky.client.engine import run_job
 
-    task = Task.from_dict(spec["task"], base_dir=spec["base_dir"])
     try:
         outcome = run_job(
-            task,
-            LaunchOptions(**spec["options"]),
+            launch.task,
+            launch.options,
             listener=lambda event: send({"type": "event", "event": dataclasses.asdict(event)}),
         )
     except SkyError as e:
