@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,32 +105,22 @@ def short_tmp(instance_id: str) -> Path:
     return homes_root() / f"{instance_id.removeprefix('local-')}.tmp"
 
 
-def server_pid_path(node_dir: Path) -> Path:
-    return node_dir / "server.pid"
+def _instance_file(name: str) -> Callable[[Path], Path]:
+    """The path of one of an instance dir's files (the layout above), given the instance dir."""
+
+    def path(node_dir: Path) -> Path:
+        return node_dir / name
+
+    return path
 
 
-def node_record_path(node_dir: Path) -> Path:
-    return node_dir / "node.json"
-
-
-def node_home(node_dir: Path) -> Path:
-    return node_dir / "home"
-
-
-def host_key_path(node_dir: Path) -> Path:
-    return node_dir / "host_key"
-
-
-def authorized_keys_path(node_dir: Path) -> Path:
-    return node_dir / "authorized_keys"
-
-
-def ready_path(node_dir: Path) -> Path:
-    return node_dir / "ready.json"
-
-
-def server_log_path(node_dir: Path) -> Path:
-    return node_dir / "server.log"
+server_pid_path = _instance_file("server.pid")
+node_record_path = _instance_file("node.json")
+node_home = _instance_file("home")
+host_key_path = _instance_file("host_key")
+authorized_keys_path = _instance_file("authorized_keys")
+ready_path = _instance_file("ready.json")
+server_log_path = _instance_file("server.log")
 
 
 def read_node_record(node_dir: Path) -> dict[str, Any]:

@@ -271,6 +271,17 @@ def _software_under_tmp() -> list[str]:
     return sorted(tops)
 
 
+# What a node's server allows besides commands and SFTP: scp (rsync-less copies), no X11 or agent
+# forwarding; bytes, not text, on every channel; keepalives that find a client gone.
+_SERVER_POLICY: dict[str, Any] = {
+    "encoding": None,
+    "allow_scp": True,
+    "x11_forwarding": False,
+    "agent_forwarding": False,
+    "keepalive_interval": 15,
+}
+
+
 async def _serve(node_dir: Path, isolated: bool) -> None:
     record = layout.read_node_record(node_dir)
     home = Path(record.get("home") or layout.node_home(node_dir))
@@ -289,17 +300,13 @@ async def _serve(node_dir: Path, isolated: bool) -> None:
     def sftp_factory(chan: asyncssh.SSHServerChannel[bytes]) -> asyncssh.SFTPServer:
         return _NodeSFTPServer(chan, chroot=str(home).encode())
 
-    options: dict[str, Any] = dict(
-        server_host_keys=[str(layout.host_key_path(node_dir))],
-        authorized_client_keys=str(layout.authorized_keys_path(node_dir)),
-        process_factory=runner,
-        sftp_factory=sftp_factory,
-        encoding=None,
-        allow_scp=True,
-        x11_forwarding=False,
-        agent_forwarding=False,
-        keepalive_interval=15,
-    )
+    options: dict[str, Any] = {
+        "server_host_keys": [str(layout.host_key_path(node_dir))],
+        "authorized_client_keys": str(layout.authorized_keys_path(node_dir)),
+        "process_factory": runner,
+        "sftp_factory": sftp_factory,
+        **_SERVER_POLICY,
+    }
     try:
         server = await asyncssh.create_server(_NodeServer, record["ip"], int(record["port"]), **options)
     except OSError as e:
