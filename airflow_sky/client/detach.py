@@ -29,12 +29,9 @@ from airflow_sky.task.launch import Launch
 QUEUED_FLAG = "--queued"
 
 
-def hand_over(task: Task, job: dict[str, Any], setup: bool, down: bool, log_file: Path) -> int:
+def hand_over(launch: Launch, job: dict[str, Any], log_file: Path) -> int:
     """Start the background driver of the job described by the launch's `job` event; returns its pid."""
-    phases = [p for p in PHASES if setup or p != "setup"]
-    payload = json.dumps(
-        {"task": task.to_dict(), "base_dir": task.base_dir, "handle": job, "phases": phases, "down": down}
-    ).encode()
+    payload = json.dumps({"launch": launch.to_json(), "handle": job}).encode()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -129,12 +126,13 @@ def main() -> int:
     from airflow_sky.infra.registry import open_cluster
 
     handle = JobHandle.from_dict(spec["handle"])
-    task = Task.from_dict(spec["task"], base_dir=spec["base_dir"])
+    launch = Launch.from_json(spec["launch"])
+    phases = [p for p in PHASES if launch.options.setup or p != "setup"]
     cluster = open_cluster(handle.cluster_name, handle.infra)
     try:
-        status = drive(cluster, task, handle, spec["phases"])
+        status = drive(cluster, launch.task, handle, phases)
     finally:
-        if spec["down"]:
+        if launch.options.down:
             logging.info("Taking cluster %s down, as the launch asked (--down)", handle.cluster_name)
             sdk.down(handle.cluster_name)
             logging.info("Cluster %s is down", handle.cluster_name)

@@ -152,11 +152,12 @@ def _run(
                 _stop_helpers()
                 from airflow_sky.client.detach import hand_over
                 from airflow_sky.client.engine import abandon_launch
+                from airflow_sky.task.launch import Launch
 
                 log_file = abandon_launch()
                 driver = None
                 if job.get("job_id") is not None and log_file is not None:
-                    driver = hand_over(task, dict(job), options.setup, options.down, log_file)
+                    driver = hand_over(Launch(task, options), dict(job), log_file)
                 show_cursor = "\x1b[?25h" if console.is_terminal else ""  # the live status hid it
                 message = (
                     _cancel_queued(int(queued["job_id"]), options.cluster_name)
