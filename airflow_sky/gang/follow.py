@@ -27,6 +27,9 @@ from airflow_sky.node.jobs import JobPoll
 from airflow_sky.node.log_tail import LogTail
 
 STATE_INTERVAL_S = 1.0  # how often a follower reads the job state (and, holding the watch, probes the ranks)
+# How often a follow (task or trigger) asks Airflow whether a sibling was failed from outside (marked failed
+# in the UI before it got going, so its on_kill had nothing to cancel): such a job is cancelled.
+SIBLING_CHECK_S = 10.0
 
 
 def read_to_end(
@@ -95,6 +98,7 @@ class RankFollower:
         self.behind = False  # more of the own log to read than one poll returned
         self.state: js.JobState | None = None
         self._next_state_read = 0.0
+        self._sibling_checked = time.monotonic()
 
     @property
     def line_offset(self) -> int:
@@ -108,6 +112,15 @@ class RankFollower:
     def holds_watch(self) -> bool:
         """Whether this follower held the phase's watch lease at its last state read (it acts for them all)."""
         return self.state is not None and self.state.watcher(self.watcher.key) == self.owner
+
+    def sibling_check_due(self, interval_s: float = SIBLING_CHECK_S) -> bool:
+        """Whether to ask Airflow now if a sibling follow task failed: only the watch holder asks (one
+        request per phase), every `interval_s`."""
+        now = time.monotonic()
+        if not self.holds_watch or now - self._sibling_checked < interval_s:
+            return False
+        self._sibling_checked = now
+        return True
 
     def close(self) -> None:
         self._watch.close()

@@ -26,7 +26,7 @@ from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY, RESULT_XCOM_KEY, Sky
 from airflow_sky.operators.links import SkyNodeConsoleLink
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
-from airflow_sky.triggers.follow import MIN_WAIT_S, SIBLING_CHECK_S
+from airflow_sky.triggers.follow import MIN_WAIT_S
 
 POLL_INTERVAL_S = 0.5
 # Follow in the worker this long before deferring: a short phase then never defers. Airflow 3.3 can fail a
@@ -205,12 +205,8 @@ class SkyFollowOperator(_PhaseOperator):
     def _until_step(
         self, context: Any, follower: RankFollower, handle: JobHandle, started: float, deferred_before: bool
     ) -> Step:
-        checked = time.monotonic()
-
         def each_round(follower: RankFollower) -> None:
-            nonlocal checked
-            if follower.holds_watch and time.monotonic() - checked >= SIBLING_CHECK_S:
-                checked = time.monotonic()  # only the watch holder asks Airflow: 1 request per phase
+            if follower.sibling_check_due():
                 self._cancel_if_a_sibling_failed(context, follower.states, handle.job_id)
             waited = time.monotonic() - started
             if self.deferrable and not follower.behind and (deferred_before or waited >= self.defer_after_s):

@@ -37,11 +37,6 @@ POLL_DEADLINE_S = 180.0  # one step's SSH calls are bounded by their own timeout
 MIN_WAIT_S = 15.0
 
 
-# How often a follow (task or trigger) asks Airflow whether a sibling was failed from outside (marked failed
-# in the UI before it got going, so its on_kill had nothing to cancel): such a job is cancelled.
-SIBLING_CHECK_S = 10.0
-
-
 async def _in_thread(call: Callable[[], Any]) -> Any:
     # In this task's context: the triggerer binds the trigger's id in context variables, and only a log
     # line that carries it reaches the task's own log (the node's lines would land in the triggerer's).
@@ -146,7 +141,7 @@ class SkyFollowTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        started = checked = time.monotonic()
+        started = time.monotonic()
         follower = await _in_thread(self._follower)
         try:
             while True:
@@ -166,8 +161,7 @@ class SkyFollowTrigger(BaseTrigger):
                         {"reason": reason, "generation": self.generation, "offset": follower.line_offset}
                     )
                     return
-                if follower.holds_watch and time.monotonic() - checked >= SIBLING_CHECK_S:
-                    checked = time.monotonic()  # only the watch holder asks Airflow: 1 request per phase
+                if follower.sibling_check_due():
                     await _in_thread(self._cancel_if_a_sibling_failed)
                 if not follower.behind:
                     await asyncio.sleep(self.poll_interval_s)
