@@ -36,6 +36,17 @@ def cluster_name_note(name: str) -> str | None:
     )
 
 
+def cluster_name_here(name: str) -> str:
+    """The host name label `name` is here, unchecked: for a name an SDK call gives of a cluster that exists
+    (`exec`), which check_cluster_name would refuse where SkyPilot's rule does."""
+    return sanitize_cluster_name(name)
+
+
+def task_cluster_name(task_name: str | None) -> str:
+    """The SDK's cluster for a launch that names none: `sky-<task name>`."""
+    return sanitize_cluster_name(f"sky-{task_name or 'job'}")
+
+
 def generated_cluster_name() -> str:
     """A launch's cluster when none is named: `sky-<4 hex>-<user>`, as SkyPilot names one."""
     return sanitize_cluster_name(f"sky-{secrets.token_hex(2)}-{getpass.getuser()}")

@@ -22,7 +22,7 @@ from typing import Any, cast
 from airflow_sky.client import events
 from airflow_sky.client.limits import raise_open_file_limit
 from airflow_sky.errors import SkyError
-from airflow_sky.gang.job import JobHandle, Phase, sanitize_cluster_name
+from airflow_sky.gang.job import JobHandle, Phase
 from airflow_sky.infra.home import sky_home
 from airflow_sky.task import Task
 from airflow_sky.task.launch import Launch, LaunchOptions
@@ -241,8 +241,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     from airflow_sky.client.queue_watch import QueueWatch
     from airflow_sky.infra.registry import open_cluster
 
-    cluster_name = sanitize_cluster_name(options.cluster_name)
-    options = dataclasses.replace(options, cluster_name=cluster_name)
+    cluster_name = options.cluster_name  # a host name label already (client.cluster_names)
     log_dir = home / "logs" / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"

@@ -16,12 +16,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_sky.client import ssh_config
 from airflow_sky.client.cluster_lookup import cluster_of, infra_of, remember
-from airflow_sky.client.cluster_names import check_cluster_name, cluster_name_note
+from airflow_sky.client.cluster_names import (
+    check_cluster_name,
+    cluster_name_here,
+    cluster_name_note,
+    task_cluster_name,
+)
 from airflow_sky.client.engine import JobOutcome, LaunchOptions, bind_private_home
 from airflow_sky.client.events import Event
 from airflow_sky.client.sdk_jobs import cancel, download_logs, job_status, logs_dir, queue, tail_logs
 from airflow_sky.errors import ClusterError, SpecError
-from airflow_sky.gang.job import JobHandle, sanitize_cluster_name
+from airflow_sky.gang.job import JobHandle
 from airflow_sky.task import Task
 
 if TYPE_CHECKING:  # these load Airflow, which engine.prepare_airflow must configure first
@@ -192,11 +197,7 @@ def launch(
         raise ClusterError(
             "down=True cannot be combined with detach_run=True: the cluster would go down under the job"
         )
-    name = (
-        check_cluster_name(cluster_name)
-        if cluster_name
-        else sanitize_cluster_name(f"sky-{task.name or 'job'}")
-    )
+    name = check_cluster_name(cluster_name) if cluster_name else task_cluster_name(task.name)
     options = LaunchOptions(
         cluster_name=name,
         infra=infra or task.resources.infra or "local",
@@ -213,6 +214,7 @@ def exec(
     """Run `task` on an existing cluster without setup (workdir synced), like `sky.exec`."""
     if isinstance(task, str):
         task = Task.from_yaml(task)
+    cluster_name = cluster_name_here(cluster_name)
     options = LaunchOptions(
         cluster_name=cluster_name,
         infra=infra_of(cluster_name, task.resources.infra),
