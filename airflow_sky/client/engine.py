@@ -242,6 +242,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     from airflow_sky.infra.registry import open_cluster
 
     cluster_name = options.cluster_name  # a host name label already (client.cluster_names)
+    cluster = open_cluster(cluster_name, options.infra)  # the launch's one Cluster here
     log_dir = home / "logs" / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
@@ -269,10 +270,10 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
                 receive(event)
             if event.kind == "job" and not node_logs and phases:
                 handle = JobHandle.from_dict(event.data)
-                cluster = open_cluster(handle.cluster_name, handle.infra)
+                same = (handle.cluster_name, handle.infra) == (cluster.name, cluster.infra)
                 node_logs.append(
                     NodeLogs(
-                        cluster,
+                        cluster if same else open_cluster(handle.cluster_name, handle.infra),
                         handle,
                         sink,
                         redact,
@@ -288,7 +289,7 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
     try:
         launch = Launch(task, options)
         dag_path = write_launch_files(launch)
-        queue_watch.append(QueueWatch(cluster_name, options.infra, dag_path.stem, sink))
+        queue_watch.append(QueueWatch(cluster, dag_path.stem, sink))
         queue_watch[0].start()
         with _output_to(log_file), task_events(sink):
             dag_run = launch_dag(launch, dag_path.stem).test()  # the same DAG as the file's, not read back

@@ -14,7 +14,7 @@ from airflow_sky.errors import SkyError
 from airflow_sky.gang import job_queue
 from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.state import JobStates
-from airflow_sky.infra.registry import open_cluster
+from airflow_sky.infra.cluster import Cluster
 
 POLL_S = 1.0
 
@@ -23,10 +23,10 @@ class QueueWatch(threading.Thread):
     """Emit a `queued` event (text: 'Job 2 is PENDING, waiting for job 1 to free nodes 0-1 (RUNNING)',
     data: job_id, cluster_name) for each new reason the job `dag_id`'s provision writes."""
 
-    def __init__(self, cluster_name: str, infra: str, dag_id: str, sink: events.Listener) -> None:
+    def __init__(self, cluster: Cluster, dag_id: str, sink: events.Listener) -> None:
         super().__init__(name="airflow-sky-queue-watch", daemon=True)
-        self.cluster_name = cluster_name
-        self.infra = infra
+        self.cluster = cluster
+        self.cluster_name = cluster.name
         self.prefix = f"{dag_id}/"
         self.sink = sink
         self.stopped = threading.Event()
@@ -41,7 +41,7 @@ class QueueWatch(threading.Thread):
         while not self.stopped.wait(POLL_S):
             try:
                 if states is None:
-                    states = job_states(open_cluster(self.cluster_name, self.infra))
+                    states = job_states(self.cluster)
                 if job_id is None:
                     job_id = self._find(states)
                     if job_id is None:
