@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import tenacity
 
 from airflow_sky.client.config_file import config_section
 from airflow_sky.errors import SkyError, SpecError
@@ -104,12 +105,21 @@ def api_config() -> ApiConfig:
     return ApiConfig("http://localhost:8080", env.get("AIRFLOW_CLI_TOKEN"))
 
 
+# Tries per request for a server that is slow or answers 5xx (waits of 1, 2, 4 s between).
+ATTEMPTS = 4
+# Errors after which the server may be busy rather than absent (and may have processed the request).
+_UNANSWERED = (httpx.TimeoutException, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
 class AirflowApi:
     """A logged-in client of one Airflow's REST API; every error becomes ApiError with what was asked."""
 
-    def __init__(self, config: ApiConfig | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, config: ApiConfig | None = None, timeout_s: float = 30.0, attempts: int = ATTEMPTS
+    ) -> None:
         self.config = config or api_config()
         self.http = httpx.Client(base_url=self.config.url.rstrip("/"), timeout=timeout_s)
+        self.attempts = attempts
         self.http.headers["Authorization"] = f"Bearer {self._token()}"
 
     def close(self) -> None:
@@ -128,9 +138,9 @@ class AirflowApi:
         try:
             if self.config.username:
                 body = {"username": self.config.username, "password": self.config.password or ""}
-                response = self.http.post("/auth/token", json=body)
+                response = self._send("POST", "/auth/token", json=body)
             else:
-                response = self.http.get("/auth/token")
+                response = self._send("GET", "/auth/token")
         except httpx.HTTPError as e:
             raise ApiError(f"cannot reach the Airflow API at {where}: {e}") from e
         if response.status_code >= 400:
@@ -144,9 +154,43 @@ class AirflowApi:
             )
         return str(response.json()["access_token"])
 
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One request, tried again (with backoff) when the server took it but did not answer in time, dropped
+        it, or answered 5xx (a refused connection is not tried again: nothing listens there): a busy API server (a wide job's tasks all talk to it) is not a failed
+        launch. A POST retried after a timeout that answers 409 was created by the attempt that timed out:
+        the ids posted here (run ids, secret keys) are unique to one launch, so that counts as created."""
+        uncertain = False  # an earlier attempt may have been processed
+
+        def send() -> httpx.Response:
+            nonlocal uncertain
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except _UNANSWERED:
+                uncertain = True
+                raise
+            if response.status_code == 409 and method == "POST" and uncertain:
+                return httpx.Response(200, json={}, request=response.request)
+            if response.status_code >= 500:
+                response.raise_for_status()  # an HTTPStatusError: tried again
+            return response
+
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_UNANSWERED)
+            | tenacity.retry_if_exception(
+                lambda e: isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500
+            ),
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=tenacity.wait_exponential(multiplier=1, max=8),
+            reraise=True,
+        )
+        try:
+            return retrying(send)
+        except httpx.HTTPStatusError as e:
+            return e.response  # still 5xx after every attempt: reported as the server's answer
+
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self.http.request(method, f"/api/v2{path}", **kwargs)
+            response = self._send(method, f"/api/v2{path}", **kwargs)
         except httpx.HTTPError as e:
             raise ApiError(f"{method} {path}: cannot reach the Airflow API at {self.config.url}: {e}") from e
         if response.status_code >= 400:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_sky.client import cluster_index
+from airflow_sky.client import cluster_index, ssh_config
 from airflow_sky.client.engine import bind_private_home
 
 if TYPE_CHECKING:  # loads Airflow, which engine.prepare_airflow must configure first
@@ -14,6 +14,12 @@ if TYPE_CHECKING:  # loads Airflow, which engine.prepare_airflow must configure 
 
 def remember(cluster_name: str, infra: str | None) -> None:
     cluster_index.remember(cluster_name, infra)
+
+
+def forget(cluster_name: str) -> None:
+    """Drop what this machine keeps of a cluster that is gone: its ssh entries and infra hint."""
+    ssh_config.remove_entries(cluster_name)
+    remember(cluster_name, None)
 
 
 def infra_of(cluster_name: str, infra: str | None = None) -> str:

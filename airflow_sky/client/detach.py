@@ -121,7 +121,7 @@ def main() -> int:
         return _run_queued()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s detached %(levelname)s %(message)s")
     spec = json.loads(sys.stdin.buffer.read())
-    from airflow_sky.client import sdk
+    from airflow_sky.client.cluster_lookup import forget
     from airflow_sky.gang.detached import drive
     from airflow_sky.infra.registry import open_cluster
 
@@ -134,7 +134,8 @@ def main() -> int:
     finally:
         if launch.options.down:
             logging.info("Taking cluster %s down, as the launch asked (--down)", handle.cluster_name)
-            sdk.down(handle.cluster_name)
+            cluster.terminate()
+            forget(handle.cluster_name)
             logging.info("Cluster %s is down", handle.cluster_name)
     return 0 if status.value == "SUCCEEDED" else 1
 

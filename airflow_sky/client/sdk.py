@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_sky.client import ssh_config
-from airflow_sky.client.cluster_lookup import cluster_of, infra_of, remember
+from airflow_sky.client.cluster_lookup import cluster_of, forget, infra_of, remember
 from airflow_sky.client.cluster_names import (
     check_cluster_name,
     cluster_name_here,
@@ -153,12 +153,6 @@ def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_comman
             known_clusters=() if nodes else known_cluster_names(),
         )
     return cluster
-
-
-def forget(cluster_name: str) -> None:
-    """Drop what this machine keeps of a cluster that is gone: its ssh entries and infra hint."""
-    ssh_config.remove_entries(cluster_name)
-    remember(cluster_name, None)
 
 
 def _printing_listener(output: TextIO | None = None) -> Callable[[Event], None]:

@@ -177,7 +177,10 @@ def scenario(
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    _until("both ranks of the first job to run", lambda: len(_starts(probe, "starts")) >= 2, 480, report)
+    try:
+        _until("both ranks of the first job to run", lambda: len(_starts(probe, "starts")) >= 2, 480, report)
+    finally:
+        report["launch_output"] = out_path.read_text()[-4000:]  # what the CLI said, also when it failed
     _until("the CLI to print a rank's line", lambda: "gen 0" in out_path.read_text(), 60, report)
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
