@@ -70,15 +70,22 @@ def test_three_node_job_sees_skypilot_env_and_setup_finishes_before_run(run_dag,
     _assert_nothing_left("envprobe-c")
 
 
+# Each rank's setup waits until every rank's setup has started (at most 120 s, then it fails): setups run
+# one after another could never all have started, so the job would fail; load only makes the wait longer.
+BARRIER_SETUP = (
+    'date +%s.%N > "$PROBE_DIR/setup-start-$SKYPILOT_SETUP_NODE_RANK"; '
+    'for _ in $(seq 1200); do [ "$(ls "$PROBE_DIR" | grep -c ^setup-start-)" -ge 4 ] && break; sleep 0.1; done; '
+    '[ "$(ls "$PROBE_DIR" | grep -c ^setup-start-)" -ge 4 ] || exit 7; '
+    'date +%s.%N > "$PROBE_DIR/setup-end-$SKYPILOT_SETUP_NODE_RANK"'
+)
+
+
 def test_four_node_setups_run_concurrently(run_dag, tmp_path):
-    result = run_dag(
-        "slowsetup", _dag("slowsetup", "slowsetup-c", tmp_path, 4, PROBE_SETUP.format(sleep=5), "true")
-    )
+    result = run_dag("slowsetup", _dag("slowsetup", "slowsetup-c", tmp_path, 4, BARRIER_SETUP, "true"))
     assert result.returncode == 0, result.digest
     starts = [float((tmp_path / f"setup-start-{r}").read_text()) for r in range(4)]
     ends = [float((tmp_path / f"setup-end-{r}").read_text()) for r in range(4)]
-    # Four 5 s setups back to back would take 20 s; started together they take about one.
-    assert max(ends) - min(starts) < 10, (starts, ends)
+    assert max(starts) <= min(ends), (starts, ends)  # all four were running at one moment
     _assert_nothing_left("slowsetup-c")
 
 
