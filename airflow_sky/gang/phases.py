@@ -59,7 +59,8 @@ def phase_env(cluster: Cluster, task: Task, handle: JobHandle, phase: Phase, ran
     gpus = max(math.ceil(n.gpus) for n in nodes)
     build = envs.setup_envs if phase == "setup" else envs.run_envs
     every_rank = build(task, ips, cluster.info(), handle.sky_task_id, gpus, handle.sky_task_ids)
-    env = every_rank[[n.rank for n in nodes].index(rank)]
+    # The network's env (NCCL over EFA, ...) first: the task's own envs win over it.
+    env = {**cluster.network_env(), **every_rank[[n.rank for n in nodes].index(rank)]}
     if phase == "run":
         env[RECOVERY_COUNT_ENV] = str(handle.generation)
     return env

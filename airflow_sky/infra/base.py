@@ -126,6 +126,16 @@ class Cloud(abc.ABC):
         """The bucket stores the nodes reach with their own identity (none unless the infra attaches one)."""
         return frozenset()
 
+    def network_env(self, cluster_name: str) -> dict[str, str]:
+        """Env every rank's setup and run scripts get for the cluster's network (e.g. NCCL over EFA with
+        `network_tier: best`); read from what the infra provisioned, not from the task. None by default."""
+        return {}
+
+    def opened_ports(self, cluster_name: str) -> tuple[str, ...]:
+        """The ports (`8080`, `10000-10010`) opened to the cluster's nodes at provision, as recorded by the
+        infra (`resources.ports`); what `status --endpoints` lists."""
+        return ()
+
     def check_config(self) -> None:  # noqa: B027 - optional hook: most infras have nothing to check
         """Refuse a bad local configuration (a pool file, a credential) before anything connects."""
 

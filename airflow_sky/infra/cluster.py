@@ -38,6 +38,7 @@ class Cluster:
         self.name = name
         self.infra = infra
         self.cloud = cloud
+        self._network_env: dict[str, str] | None = None
 
     # ---- membership ------------------------------------------------------------------------------------
 
@@ -99,6 +100,15 @@ class Cluster:
 
     def info(self) -> ClusterInfo:
         return self.cloud.cluster_info(self.name)
+
+    def network_env(self) -> dict[str, str]:
+        # Fixed for the cluster's life (a replacement joins the same placement): asked once, not per rank.
+        if self._network_env is None:
+            self._network_env = self.cloud.network_env(self.name)
+        return dict(self._network_env)
+
+    def opened_ports(self) -> tuple[str, ...]:
+        return self.cloud.opened_ports(self.name)
 
     def node_bucket_identity(self) -> frozenset[str]:
         """The bucket stores (s3, gcs) the nodes reach with an identity of their own (instance profile,
