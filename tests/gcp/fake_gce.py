@@ -6,7 +6,10 @@ GCE documents for them (instances, zone and global operations, firewalls, guest 
 captured from a live project. It keeps state, so a test sees operations go PENDING -> RUNNING -> DONE over
 polls, VMs go PROVISIONING -> RUNNING, request ids make inserts idempotent, a zone can be out of stock
 (the insert operation ends with ZONE_RESOURCE_POOL_EXHAUSTED), and a spot VM can be preempted (deleted,
-with the preemption operation left behind).
+with the preemption operation left behind). Resource policies (regional, with region operations) cannot be
+deleted while a VM uses them, and a VM cannot name one that does not exist in its region; a VM's boot disk
+is a disk resource of its own (type, labels, provisioned IOPS), deleted with it; firewalls can be replaced
+(update); bad labels are refused as GCE refuses them.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class FakeGce:
         self.instances: dict[str, dict[str, Any]] = {}  # name -> instance JSON
         self.operations: dict[str, dict[str, Any]] = {}  # name -> operation JSON (+ "_polls")
         self.firewalls: dict[str, dict[str, Any]] = {}
+        self.policies: dict[str, dict[str, Any]] = {}  # "region/name" -> resource policy JSON
+        self.disks: dict[str, dict[str, Any]] = {}  # name -> disk JSON (a VM's boot disk has its name)
         self.requests_seen: dict[str, str] = {}  # request id -> operation name
         self.stockout_zones: set[str] = set()
         self.guest_keys: dict[str, str] = {}  # vm name -> "ssh-ed25519 AAAA..." published as guest attributes
@@ -57,6 +62,7 @@ class FakeGce:
         """What GCE does to a spot VM whose termination action is DELETE."""
         with self.lock:
             vm = self.instances.pop(name)
+            self.disks.pop(name, None)  # its boot disk is auto-deleted with it
             zone = vm["zone"].rsplit("/", 1)[-1]
             self._operation(zone, "compute.instances.preempted", vm["selfLink"], polls=0)
 
@@ -70,11 +76,21 @@ class FakeGce:
 
     # ---- the API ---------------------------------------------------------------------------------------
 
+    def policy_links(self) -> list[str]:
+        with self.lock:
+            return sorted(p["selfLink"] for p in self.policies.values())
+
     def _operation(
-        self, zone: str | None, kind: str, target: str, polls: int = 1, error: dict[str, Any] | None = None
+        self,
+        zone: str | None,
+        kind: str,
+        target: str,
+        polls: int = 1,
+        error: dict[str, Any] | None = None,
+        region: str | None = None,
     ) -> dict[str, Any]:
         name = f"operation-{uuid.uuid4().hex[:12]}"
-        scope = f"zones/{zone}" if zone else "global"
+        scope = f"zones/{zone}" if zone else f"regions/{region}" if region else "global"
         op: dict[str, Any] = {
             "kind": "compute#operation",
             "name": name,
@@ -86,6 +102,8 @@ class FakeGce:
         }
         if zone:
             op["zone"] = f"{self.endpoint}{_BASE}{self.project}/zones/{zone}"
+        if region:
+            op["region"] = f"{self.endpoint}{_BASE}{self.project}/regions/{region}"
         if error:
             op["_error"] = error
         if polls == 0:
@@ -117,6 +135,9 @@ class FakeGce:
         link = f"{self.endpoint}{_BASE}{self.project}/zones/{zone}/instances/{name}"
         if name in self.instances:
             return 409, _error(409, f"The resource '{link}' already exists", "alreadyExists")
+        refused = self._refuse_instance(zone, body)
+        if refused is not None:
+            return refused
         if zone in self.stockout_zones:
             error = {
                 "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
@@ -139,12 +160,9 @@ class FakeGce:
                 "guestAccelerators": body.get("guestAccelerators", []),
                 "serviceAccounts": body.get("serviceAccounts", []),
                 "creationTimestamp": f"2026-12-02T10:{n // 60 % 60:02d}:{n % 60:02d}.000-08:00",
-                "networkInterfaces": [
-                    {
-                        "networkIP": f"10.128.0.{n}",
-                        "accessConfigs": [{"type": "ONE_TO_ONE_NAT", "natIP": f"34.1.0.{n}"}],
-                    }
-                ],
+                "networkInterfaces": self._interfaces(body, n),
+                "resourcePolicies": [self._policy_link(zone, p) for p in body.get("resourcePolicies", [])],
+                "disks": [self._boot_disk(zone, name, d) for d in body.get("disks", [])],
                 "selfLink": link,
                 "_boot_at": time.monotonic() + 0.3,
             }
@@ -154,6 +172,83 @@ class FakeGce:
         if request_id:
             self.requests_seen[request_id] = op["name"]
         return 200, op
+
+    def _refuse_instance(self, zone: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        """What GCE answers 400/404 to at once: bad labels, a resource policy it cannot find in the region."""
+        for key, value in (body.get("labels") or {}).items():
+            if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key) or not re.fullmatch(
+                r"[a-z0-9_-]{0,63}", value
+            ):
+                return 400, _error(400, f"Invalid value for field 'resource.labels': '{key}'", "invalid")
+        for policy in body.get("resourcePolicies", []):
+            if self._policy_key(zone, policy) not in self.policies:
+                return 404, _error(404, f"The resource '{policy}' was not found", "notFound")
+        return None
+
+    @staticmethod
+    def _policy_key(zone: str, policy: str) -> str:
+        """ "region/name" of a policy a VM of `zone` names (a URL or relative path); its region must be the
+        zone's."""
+        match = re.search(r"regions/([^/]+)/resourcePolicies/([^/]+)$", policy)
+        region, name = (match[1], match[2]) if match else (zone.rsplit("-", 1)[0], policy)
+        return f"{region}/{name}" if region == zone.rsplit("-", 1)[0] else f"elsewhere/{name}"
+
+    def _policy_link(self, zone: str, policy: str) -> str:
+        return str(self.policies[self._policy_key(zone, policy)]["selfLink"])
+
+    def _interfaces(self, body: dict[str, Any], n: int) -> list[dict[str, Any]]:
+        """The body's NICs as GCE shows them: the first with the cluster's addresses, the rest on their
+        own networks (GPU NICs)."""
+        nics = []
+        for i, nic in enumerate(body.get("networkInterfaces") or [{}]):
+            shown = {k: nic[k] for k in ("network", "subnetwork", "nicType") if k in nic}
+            shown["name"] = f"nic{i}"
+            shown["networkIP"] = f"10.128.0.{n}" if i == 0 else f"10.{129 + i}.0.{n}"
+            if i == 0:
+                shown["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "natIP": f"34.1.0.{n}"}]
+            nics.append(shown)
+        return nics
+
+    def _boot_disk(self, zone: str, name: str, attached: dict[str, Any]) -> dict[str, Any]:
+        params = attached.get("initializeParams") or {}
+        disk_type = str(params.get("diskType", "pd-standard")).rsplit("/", 1)[-1]
+        link = f"{self.endpoint}{_BASE}{self.project}/zones/{zone}/disks/{name}"
+        self.disks[name] = {
+            "name": name,
+            "zone": f"{self.endpoint}{_BASE}{self.project}/zones/{zone}",
+            "type": f"{self.endpoint}{_BASE}{self.project}/zones/{zone}/diskTypes/{disk_type}",
+            "sizeGb": str(params.get("diskSizeGb", "10")),
+            "labels": params.get("labels", {}),
+            "selfLink": link,
+            **({"provisionedIops": str(params["provisionedIops"])} if "provisionedIops" in params else {}),
+        }
+        return {
+            "boot": bool(attached.get("boot")),
+            "autoDelete": bool(attached.get("autoDelete")),
+            "source": link,
+        }
+
+    def _policies(self, method: str, region: str, rest: list[str], body: dict[str, Any]) -> tuple[int, Any]:
+        not_found = (404, _error(404, f"The resource '{'/'.join(rest)}' was not found", "notFound"))
+        if method == "POST":
+            key = f"{region}/{body['name']}"
+            if key in self.policies:
+                return 409, _error(409, "already exists", "alreadyExists")
+            link = f"{self.endpoint}{_BASE}{self.project}/regions/{region}/resourcePolicies/{body['name']}"
+            self.policies[key] = body | {"region": region, "selfLink": link, "status": "READY"}
+            return 200, self._operation(None, "insert", link, region=region)
+        key = f"{region}/{rest[0]}" if rest else ""
+        if key not in self.policies:
+            return not_found
+        if method == "DELETE":
+            link = self.policies[key]["selfLink"]
+            users = [vm["name"] for vm in self.instances.values() if link in vm.get("resourcePolicies", [])]
+            if users:
+                message = f"The resource_policy resource '{link}' is already being used by '{users[0]}'"
+                return 400, _error(400, message, "resourceInUseByAnotherResource")
+            del self.policies[key]
+            return 200, self._operation(None, "delete", link, region=region)
+        return 200, self.policies[key]
 
     def _instance(self, name: str) -> dict[str, Any] | None:
         vm = self.instances.get(name)
@@ -197,6 +292,9 @@ class FakeGce:
             def do_DELETE(self) -> None:
                 self._route("DELETE")
 
+            def do_PUT(self) -> None:
+                self._route("PUT")
+
         return Handler
 
     def _answer(
@@ -228,7 +326,18 @@ class FakeGce:
                 if method == "DELETE":
                     del self.firewalls[name]
                     return 200, self._operation(None, "delete", name)
+                if method == "PUT":
+                    self.firewalls[name] = body
+                    return 200, self._operation(None, "update", name)
                 return 200, self.firewalls[name]
+            return not_found
+        if parts[:1] == ["regions"] and len(parts) >= 3:
+            region, kind, rest = parts[1], parts[2], parts[3:]
+            if kind == "operations" and rest:
+                op = self._poll(rest[0])
+                return (200, op) if op else not_found
+            if kind == "resourcePolicies":
+                return self._policies(method, region, rest, body)
             return not_found
         if parts[:1] != ["zones"]:
             return not_found
@@ -268,6 +377,9 @@ class FakeGce:
             if request_id and request_id in self.requests_seen:
                 return 200, self.operations[self.requests_seen[request_id]]
             del self.instances[rest[0]]
+            for disk in vm.get("disks", []):
+                if disk.get("autoDelete"):
+                    self.disks.pop(str(disk["source"]).rsplit("/", 1)[-1], None)
             op = self._operation(zone, "delete", vm["selfLink"])
             if request_id:
                 self.requests_seen[request_id] = op["name"]

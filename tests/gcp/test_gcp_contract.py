@@ -56,9 +56,8 @@ class TestGcpCloud(CloudContract):
             for (bucket, name) in self.gcs.objects
             if bucket == self.bucket and f"/{cluster_name}/" in name
         ]
-        firewall = (
-            [vms.internal_firewall(cluster_name)]
-            if vms.internal_firewall(cluster_name) in self.gce.firewalls
-            else []
-        )
-        return [*self.gce.live(cluster_name), *records, *firewall]
+        rules = (vms.internal_firewall(cluster_name), vms.ports_firewall(cluster_name))
+        firewalls = [name for name in rules if name in self.gce.firewalls]
+        policy = vms.placement_policy_name(cluster_name)
+        policies = [p for p in self.gce.policy_links() if p.endswith(f"/{policy}")]
+        return [*self.gce.live(cluster_name), *records, *firewalls, *policies]

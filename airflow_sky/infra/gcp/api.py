@@ -56,7 +56,9 @@ class ComputeApi:
         self.project = project
         self._instances = compute_v1.InstancesClient(**kwargs)
         self._firewalls = compute_v1.FirewallsClient(**kwargs)
+        self._policies = compute_v1.ResourcePoliciesClient(**kwargs)
         self._zone_ops = compute_v1.ZoneOperationsClient(**kwargs)
+        self._region_ops = compute_v1.RegionOperationsClient(**kwargs)
         self._global_ops = compute_v1.GlobalOperationsClient(**kwargs)
         self._types = compute_v1
         self.poll_s = 2.0
@@ -173,6 +175,15 @@ class ComputeApi:
             raise _call_error(e) from e
         self._wait(lambda: self._global_ops.get(project=self.project, operation=op.name), op.name, timeout_s)
 
+    def update_firewall(self, name: str, body: dict[str, Any], timeout_s: float = 120) -> None:
+        """Replace the rule (firewalls.update): what it allows becomes exactly `body`'s."""
+        rule = self._types.Firewall.from_json(json.dumps(body), ignore_unknown_fields=True)
+        try:
+            op = self._firewalls.update(project=self.project, firewall=name, firewall_resource=rule)
+        except api_exceptions.GoogleAPICallError as e:
+            raise _call_error(e) from e
+        self._wait(lambda: self._global_ops.get(project=self.project, operation=op.name), op.name, timeout_s)
+
     def delete_firewall(self, name: str, timeout_s: float = 120) -> None:
         try:
             op = self._firewalls.delete(project=self.project, firewall=name)
@@ -181,6 +192,40 @@ class ComputeApi:
         except api_exceptions.GoogleAPICallError as e:
             raise _call_error(e) from e
         self._wait(lambda: self._global_ops.get(project=self.project, operation=op.name), op.name, timeout_s)
+
+    # ---- resource policies (compact placement) -----------------------------------------------------------
+
+    def resource_policy(self, region: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _as_dict(self._policies.get(project=self.project, region=region, resource_policy=name))
+        except api_exceptions.NotFound:
+            return None
+        except api_exceptions.GoogleAPICallError as e:
+            raise _call_error(e) from e
+
+    def insert_resource_policy(self, region: str, body: dict[str, Any], timeout_s: float = 120) -> None:
+        policy = self._types.ResourcePolicy.from_json(json.dumps(body), ignore_unknown_fields=True)
+        try:
+            op = self._policies.insert(project=self.project, region=region, resource_policy_resource=policy)
+        except api_exceptions.Conflict:
+            return  # made by a concurrent provisioner of the same cluster
+        except api_exceptions.GoogleAPICallError as e:
+            raise _call_error(e) from e
+        self._wait_region(region, op.name, timeout_s)
+
+    def delete_resource_policy(self, region: str, name: str, timeout_s: float = 120) -> None:
+        try:
+            op = self._policies.delete(project=self.project, region=region, resource_policy=name)
+        except api_exceptions.NotFound:
+            return
+        except api_exceptions.GoogleAPICallError as e:
+            raise _call_error(e) from e
+        self._wait_region(region, op.name, timeout_s)
+
+    def _wait_region(self, region: str, name: str, timeout_s: float) -> None:
+        self._wait(
+            lambda: self._region_ops.get(project=self.project, region=region, operation=name), name, timeout_s
+        )
 
     # ---- operations ------------------------------------------------------------------------------------
 

@@ -28,13 +28,15 @@ import dataclasses
 import datetime
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
-from airflow_sky.errors import ClusterError
+from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra import catalog, optimizer, provisioner
 from airflow_sky.infra.base import Endpoint, Node, NodeStatus, ProvisionRequest
-from airflow_sky.infra.gcp import network, vms
+from airflow_sky.infra.gcp import network, vm_fields, vms
 from airflow_sky.infra.gcp.api import GceError
+from airflow_sky.infra.gcp.fabric import fabric_of
 from airflow_sky.infra.gcp.placement import GcpClusterRecords, Placement
 from airflow_sky.infra.host_keys import host_key_from_console
 from airflow_sky.infra.keys import public_key_of
@@ -107,10 +109,38 @@ class GcpCloud(GcpClusterRecords):
             for c in optimizer.plan(resources, request.num_nodes, clouds=["gcp"])
             for o in [c.offering]
         ]
+        if resources.network_tier == "best":
+            candidates = self._honouring_best(candidates)
         return provisioner.allowed_placements("gcp", candidates, self.settings.regions, "fits")
 
+    def _honouring_best(self, candidates: list[Placement]) -> list[Placement]:
+        """The placements whose type can honour `network_tier: best` here; none: refused with the reasons."""
+        networks = self.settings.gpu_networks
+        refusals = {p.machine_type: vm_fields.best_refusal(p.machine_type, networks) for p in candidates}
+        kept = [p for p in candidates if refusals[p.machine_type] is None]
+        if candidates and not kept:
+            reasons = sorted({r for r in refusals.values() if r})
+            raise SpecError("network_tier: best cannot be honoured on gcp: " + "; ".join(reasons))
+        return kept
+
     def provision(self, request: ProvisionRequest) -> list[Node]:
-        return provisioner.provision(self, request)
+        nodes = provisioner.provision(self, request)
+        ports = (request.resources or Resources()).ports
+        if ports:  # also on a cluster that was already up: the rule becomes exactly the ports asked
+            network.ensure_ports(self.api, self.settings, request.cluster_name, ports)
+            self._update_record(request.cluster_name, {"ports": list(ports)})
+        return nodes
+
+    def network_env(self, cluster_name: str) -> dict[str, str]:
+        """The NCCL env of the GPU NICs the cluster was provisioned with (its record: type and tier)."""
+        record = self._record(cluster_name) or {}
+        fabric = fabric_of(str(record.get("machine_type", "")))
+        if record.get("network_tier") != "best" or fabric is None:
+            return {}
+        return dict(fabric.nccl_env)
+
+    def opened_ports(self, cluster_name: str) -> tuple[str, ...]:
+        return tuple((self._record(cluster_name) or {}).get("ports") or ())
 
     # ---- the provisioner's primitives (provisioner.VmDriver) -----------------------------------------
 
@@ -140,8 +170,7 @@ class GcpCloud(GcpClusterRecords):
     def forget_if_empty(self, cluster: str) -> None:
         zone = self._zone_of(cluster)
         if zone is None or not self._vms(cluster, zone):
-            self._store(cluster).delete_all()
-            self.api.delete_firewall(vms.internal_firewall(cluster))
+            self._forget(cluster)
 
     def wait_ready(self, cluster: str, instance_ids: list[str]) -> None:
         placement = self._placement(cluster)
@@ -157,12 +186,22 @@ class GcpCloud(GcpClusterRecords):
         forms = "an image (projects/P/global/images/NAME or .../images/family/F)"
         image = image_for(resources, placement.region, "gcp", forms) or self.default_image
         disk = disk_size_gb(resources)
+        best = resources.network_tier == "best"
+        labels = vm_fields.vm_labels(
+            vms.own_labels(cluster, 0, ""), resources.labels
+        )  # refused before any call
         self._update_record(
             cluster,
             dataclasses.asdict(placement)
-            | {"num_nodes": max(request.num_nodes, max(ranks) + 1), "image": image, "disk_size": disk},
+            | {"num_nodes": max(request.num_nodes, max(ranks) + 1), "image": image, "disk_size": disk}
+            | {"network_tier": resources.network_tier, "disk_tier": resources.disk_tier}
+            | {"labels": resources.labels, "policy_region": placement.region if best else None},
         )
         network.ensure_firewalls(self.api, s, cluster)
+        disk_spec = vms.DiskSpec(
+            vm_fields.disk_type(placement.machine_type, resources.disk_tier),
+            vm_fields.disk_iops(placement.machine_type, resources.disk_tier),
+        )
         day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         token = vms.launch_token(cluster, ranks, placement.label, known, day)
         public_key = public_key_of(s.ssh_key_file)
@@ -170,6 +209,7 @@ class GcpCloud(GcpClusterRecords):
         log.info("gcp: %s: creating %d x %s", cluster, len(ranks), placement.label)
         operations: list[str] = []
         try:
+            fast = self._fast_network(cluster, placement) if best else None
             for rank, name in zip(ranks, names, strict=True):
                 body = vms.instance_body(
                     name=name,
@@ -181,13 +221,15 @@ class GcpCloud(GcpClusterRecords):
                     image=image,
                     disk_gb=disk,
                     network=s.network,
-                    labels={vms.LABEL_CLUSTER: cluster, vms.LABEL_RANK: str(rank), vms.LABEL_LAUNCH: token},
+                    labels=labels | vms.own_labels(cluster, rank, token),
                     tags=[vms.SSH_TAG, vms.network_tag(cluster)],
                     ssh_user=s.ssh_user,
                     public_key=public_key,
                     external_ip=not s.use_private_ip,
                     self_delete=bool(autostop and autostop["down"]),
                     service_account=s.service_account,
+                    fast=fast,
+                    disk=disk_spec,
                 )
                 try:
                     operations.append(
@@ -200,14 +242,31 @@ class GcpCloud(GcpClusterRecords):
                 self.api.wait_zone_operation(placement.zone, op, self.running_timeout_s)
             self._wait_ready(cluster, placement, names)
         except GceError as e:
-            self._delete(placement.zone, names)
+            self._undo_launch(cluster, placement, names, best)
             if e.code in vms.STOCKOUT_ERRORS:
                 raise NoCapacity(placement, e.code, str(e)) from e
             raise ClusterError(f"gcp: creating VMs in {placement.label} failed: {e}") from e
         except BaseException:
-            self._delete(placement.zone, names)
+            self._undo_launch(cluster, placement, names, best)
             raise
         return names
+
+    def _fast_network(self, cluster: str, placement: Placement) -> vms.FastNetwork:
+        """`network_tier: best`: the cluster's compact placement policy, and the type's GPU NICs."""
+        policy = network.ensure_placement_policy(self.api, placement.region, cluster)
+        fabric = fabric_of(placement.machine_type)
+        networks = self.settings.gpu_networks
+        refusal = vm_fields.best_refusal(placement.machine_type, networks)
+        if fabric is None or refusal:  # plan() keeps only types that can; a recorded placement may not
+            raise SpecError(f"network_tier: best cannot be honoured: {refusal}")
+        return vms.FastNetwork(policy, vm_fields.gpu_interfaces(fabric, placement.region, networks))
+
+    def _undo_launch(self, cluster: str, placement: Placement, names: list[str], best: bool) -> None:
+        """Delete this launch's VMs; a placement policy no VM of the cluster uses any more goes too (the
+        next placement may be in another region)."""
+        self._delete(placement.zone, names)
+        if best and not self._vms(cluster, placement.zone):
+            self.api.delete_resource_policy(placement.region, vms.placement_policy_name(cluster))
 
     def _wait_ready(self, cluster: str, placement: Placement, names: list[str]) -> None:
         """RUNNING, host keys pinned, SSH answering; each bounded."""
@@ -270,6 +329,9 @@ class GcpCloud(GcpClusterRecords):
             use_spot=placement.use_spot,
             image_id=record.get("image"),
             disk_size=record.get("disk_size"),
+            network_tier=record.get("network_tier"),
+            disk_tier=record.get("disk_tier"),
+            labels=record.get("labels"),
         )
         request = ProvisionRequest(cluster_name, int(record.get("num_nodes", rank + 1)), same)
         order = LaunchOrder(request, [rank], [v.name for v in current.values()])
@@ -302,7 +364,15 @@ class GcpCloud(GcpClusterRecords):
         for z, names in by_zone.items():
             log.info("gcp: %s: deleting %d VM(s) in %s", cluster_name, len(names), z)
             self._delete(z, names)
-        self.api.delete_firewall(vms.internal_firewall(cluster_name))
+        self._forget(cluster_name, {z.rsplit("-", 1)[0] for z in by_zone})
+
+    def _forget(self, cluster_name: str, regions: Iterable[str] = ()) -> None:
+        """The cluster's rules, placement policy and records (its VMs are gone). The policy's region is
+        recorded; without a record, it is looked for in the regions the cluster's VMs were found in."""
+        record = self._record(cluster_name)
+        if record is not None:
+            regions = [record["policy_region"]] if record.get("policy_region") else []
+        network.remove_cluster_rules(self.api, cluster_name, sorted(regions))
         self._store(cluster_name).delete_all()
 
     # ---- autostop ----------------------------------------------------------------------------------

@@ -15,8 +15,12 @@ impersonation). airflow-sky's settings sit in the extra under `airflow_sky`:
         "use_private_ip": false,              # SSH to private addresses (Airflow inside the VPC)
         "regions": ["us-central1"],           # the regions the optimizer may use (default: all)
         "project": "my-project",              # overrides the connection's project
-        "service_account": "nodes@my-project.iam.gserviceaccount.com"  # the nodes' own identity: they
+        "service_account": "nodes@my-project.iam.gserviceaccount.com",  # the nodes' own identity: they
                                               # read and write the task's gs:// buckets with it
+        "ports_source_ranges": ["0.0.0.0/0"], # who may reach a task's `ports` (default: anyone, as SkyPilot)
+        "gpu_networks": ["gpu-net-1", "gpu-net-2/gpu-sub-2"]  # `network_tier: best` on A3/A4: the VPC
+                                              # networks of the type's GPU NICs, one each ("NETWORK": its
+                                              # subnetwork of the same name in the cluster's region)
      }}
 
 Emulators and private endpoints: `compute_endpoint` and `storage_endpoint` replace the APIs' addresses,
@@ -28,6 +32,8 @@ file of this process for SSH to read, never logged and never on a command line.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import re
 from typing import Any
 
 from airflow_sky.errors import SpecError
@@ -47,7 +53,9 @@ _STRINGS = (
     "storage_endpoint",
     "service_account",
 )
-_FIELDS = (*_STRINGS, "ssh_private_key", "use_private_ip", "regions", "anonymous_credentials")
+_LISTS = ("ports_source_ranges", "gpu_networks")
+_FIELDS = (*_STRINGS, *_LISTS, "ssh_private_key", "use_private_ip", "regions", "anonymous_credentials")
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # a GCE resource name
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,6 +69,8 @@ class GcpSettings(VmSettings):
     storage_endpoint: str | None = None
     anonymous_credentials: bool = False
     service_account: str | None = None
+    ports_source_ranges: tuple[str, ...] = ("0.0.0.0/0",)
+    gpu_networks: tuple[tuple[str, str], ...] = ()  # (network, subnetwork) of each GPU NIC, in order
 
 
 def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_project: str | None) -> GcpSettings:
@@ -80,6 +90,16 @@ def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_project: str |
     kept = ("ssh_user", "ssh_cidr", "network", "state_location", "use_private_ip", "service_account")
     endpoints = ("compute_endpoint", "storage_endpoint", "anonymous_credentials")
     values: dict[str, Any] = {k: raw[k] for k in (*kept, *endpoints) if k in raw}
+    lists = {name: _string_list(raw, name, source) for name in _LISTS if name in raw}
+    for cidr in lists.get("ports_source_ranges", ()):
+        try:
+            ipaddress.ip_network(cidr)
+        except ValueError as e:
+            raise SpecError(f"{source}.ports_source_ranges: {cidr!r} is not a CIDR block ({e})") from e
+    if "ports_source_ranges" in lists:
+        values["ports_source_ranges"] = lists["ports_source_ranges"]
+    if "gpu_networks" in lists:
+        values["gpu_networks"] = tuple(_network_pair(n, source) for n in lists["gpu_networks"])
     return GcpSettings(
         conn_id=conn_id,
         project=project,
@@ -88,3 +108,23 @@ def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_project: str |
         regions=tuple(regions) if regions else None,
         **values,
     )
+
+
+def _string_list(raw: dict[str, Any], name: str, source: str) -> tuple[str, ...]:
+    value = raw[name]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise SpecError(f"{source}.{name}: must be a non-empty list of strings")
+    return tuple(value)
+
+
+def _network_pair(entry: str, source: str) -> tuple[str, str]:
+    """ "NETWORK" (its subnetwork of the same name) or "NETWORK/SUBNETWORK", each a GCE resource name."""
+    network, _, subnetwork = entry.partition("/")
+    subnetwork = subnetwork or network
+    for name in (network, subnetwork):
+        if not _NAME.match(name):
+            raise SpecError(
+                f"{source}.gpu_networks: {entry!r}: {name!r} is not a GCE resource name (lower-case letters, "
+                "digits and '-', starting with a letter, at most 63); write NETWORK or NETWORK/SUBNETWORK"
+            )
+    return network, subnetwork

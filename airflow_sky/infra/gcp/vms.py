@@ -50,6 +50,11 @@ _ACCELERATOR_TYPES = {
 DEFAULT_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
 
 
+def own_labels(cluster: str, rank: int, token: str) -> dict[str, str]:
+    """The labels airflow-sky keeps on a cluster's VMs (a task's `labels` never replace them)."""
+    return {LABEL_CLUSTER: cluster, LABEL_RANK: str(rank), LABEL_LAUNCH: token}
+
+
 def network_tag(cluster: str) -> str:
     return f"sky-{cluster}"[:63].rstrip("-")
 
@@ -70,6 +75,30 @@ def request_id(token: str, rank: int) -> str:
 def launch_token(cluster: str, ranks: list[int], placement: str, known: list[str], salt: str) -> str:
     text = "|".join([cluster, ",".join(map(str, ranks)), placement, ",".join(sorted(known)), salt])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class FastNetwork:
+    """`network_tier: best` on a VM: its compact placement policy (a relative URL) and its GPU NICs."""
+
+    resource_policy: str
+    gpu_interfaces: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskSpec:
+    """The boot disk's type (from `disk_tier`) and provisioned IOPS, where the type takes them."""
+
+    type: str = "pd-balanced"
+    iops: int | None = None
+
+
+def placement_policy_name(cluster: str) -> str:
+    return f"sky-{cluster}-compact"[:63].rstrip("-")
+
+
+def ports_firewall(cluster: str) -> str:
+    return f"sky-{cluster}-ports"[:63].rstrip("-")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,15 +194,21 @@ def instance_body(
     external_ip: bool,
     self_delete: bool,
     service_account: str | None = None,
+    fast: FastNetwork | None = None,
+    disk: DiskSpec | None = None,
 ) -> dict[str, Any]:
     """The instances.insert body of one node."""
     gpus = accelerator is not None
+    disk = disk or DiskSpec()
     interface: dict[str, Any] = {"network": f"global/networks/{network}"}
     if external_ip:
         interface["accessConfigs"] = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    if fast is not None:
+        interface["nicType"] = "GVNIC"
     scheduling: dict[str, Any] = {
-        # GPU VMs cannot live-migrate; spot VMs are deleted when preempted (recovery makes a new one).
-        "onHostMaintenance": "TERMINATE" if gpus or spot else "MIGRATE",
+        # GPU VMs cannot live-migrate, nor can VMs in a compact placement policy; spot VMs are deleted when
+        # preempted (recovery makes a new one).
+        "onHostMaintenance": "TERMINATE" if gpus or spot or fast is not None else "MIGRATE",
         "automaticRestart": not spot,
         "provisioningModel": "SPOT" if spot else "STANDARD",
     }
@@ -191,11 +226,13 @@ def instance_body(
                 "initializeParams": {
                     "sourceImage": image,
                     "diskSizeGb": str(disk_gb),
-                    "diskType": f"zones/{zone}/diskTypes/pd-balanced",
+                    "diskType": f"zones/{zone}/diskTypes/{disk.type}",
+                    "labels": labels,
+                    **({"provisionedIops": str(disk.iops)} if disk.iops else {}),
                 },
             }
         ],
-        "networkInterfaces": [interface],
+        "networkInterfaces": [interface, *(fast.gpu_interfaces if fast else [])],
         "metadata": {
             "items": [
                 {"key": "ssh-keys", "value": f"{ssh_user}:{public_key} {ssh_user}"},
@@ -212,6 +249,8 @@ def instance_body(
     if service_account:
         # The task's gs:// buckets, read and written by the node as this account (no key is sent to it).
         scopes.append("https://www.googleapis.com/auth/devstorage.read_write")
+    if fast is not None:
+        body["resourcePolicies"] = [fast.resource_policy]
     if scopes:
         body["serviceAccounts"] = [{"email": service_account or "default", "scopes": scopes}]
     if gpus and not machine_type.startswith(_GPU_FAMILIES):
