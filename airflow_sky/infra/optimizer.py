@@ -10,6 +10,8 @@ Pure functions over the catalog (infra.catalog) and Resources, SkyPilot's rules:
 - `instance_type`, `use_spot` (the spot price; zones without one are out), `infra` / `cloud` / `region` /
   `zone`; `any_of`: the cheapest of all; `ordered`: the first alternative that fits anywhere.
 - `disk_size` and `image_id` do not change the choice (the catalog prices instances only).
+- `network_tier: best`: only types that can honour it (EFA on aws, compact placement on gcp); when none
+  that fits can, the error names each refused type and why.
 
 The cost shown is per hour for all `num_nodes` instances.
 """
@@ -22,7 +24,9 @@ from collections.abc import Iterable, Sequence
 
 from airflow_sky.errors import SpecError
 from airflow_sky.infra import catalog
+from airflow_sky.infra.aws import efa
 from airflow_sky.infra.catalog import Offering
+from airflow_sky.infra.gcp import fabric
 from airflow_sky.task import Resources
 
 # The families SkyPilot picks for CPU-only requests (GPU families are only for accelerator requests).
@@ -90,6 +94,15 @@ def _fits(offering: Offering, r: Resources, use_spot: bool) -> bool:
     return _matches_count(cpus, offering.vcpus) and _matches_count(memory, offering.memory_gib)
 
 
+def best_tier_refusal(cloud: str, instance_type: str) -> str | None:
+    """Why `instance_type` cannot honour `network_tier: best` on `cloud` (None: it can)."""
+    if cloud == "aws":
+        return efa.best_tier_refusal(instance_type)
+    if cloud == "gcp":
+        return fabric.best_tier_refusal(instance_type)
+    return None
+
+
 def catalog_clouds(resources: Resources) -> list[str]:
     """The catalog clouds any candidate may run on (all of them when none names a cloud)."""
     clouds = {r.cloud for r in resources.candidates()}
@@ -107,18 +120,48 @@ def plan(resources: Resources, num_nodes: int, clouds: Sequence[str] | None = No
     candidates = resources.candidates()
     clouds = list(clouds) if clouds is not None else catalog_clouds(resources)
     choices: list[Choice] = []
+    refused: dict[str, str] = {}  # instance type -> why it cannot honour `network_tier: best`
     for cloud in clouds:
         for offering in catalog.offerings(cloud):
             for index, candidate in enumerate(candidates):
                 spot = bool(candidate.use_spot) if candidate.use_spot is not None else use_spot
-                if _fits(offering, candidate, spot):
-                    choices.append(Choice(offering, spot, num_nodes, index))
-                    break
+                if not _fits(offering, candidate, spot):
+                    continue
+                refusal = (
+                    best_tier_refusal(cloud, offering.instance_type)
+                    if candidate.network_tier == "best"
+                    else None
+                )
+                if refusal is not None:
+                    refused.setdefault(offering.instance_type, refusal)
+                    continue
+                choices.append(Choice(offering, spot, num_nodes, index))
+                break
+    if not choices and refused:
+        reasons = "; ".join(list(refused.values())[:4])
+        raise SpecError(f"resources.network_tier: best: no instance that fits can honour it: {reasons}")
     if not choices:
         raise SpecError(_no_fit_message(candidates, clouds, num_nodes))
     ordered = bool(resources.ordered) or resources.accelerators_ordered
     choices.sort(key=lambda c: ((c.candidate if ordered else 0), c.cost, c.offering.cloud, c.offering.zone))
     return choices
+
+
+def network_note(choice: Choice, resources: Resources) -> str | None:
+    """What `--dryrun` says of the chosen type's fast network under `network_tier: best`."""
+    if resources.network_tier != "best":
+        return None
+    o = choice.offering
+    if o.cloud == "aws":
+        found = efa.efa_of(o.instance_type)
+        return (
+            f"network_tier: best: {o.instance_type} with {found.max_interfaces if found else 0} EFA "
+            "interface(s), all nodes in one cluster placement group; NCCL over EFA in every rank's env"
+        )
+    if o.cloud == "gcp":
+        fast = fabric.fabric_of(o.instance_type)
+        return f"network_tier: best: {o.instance_type} with {fast.label}" if fast else None
+    return None
 
 
 def best_per_instance_type(choices: Iterable[Choice]) -> list[Choice]:

@@ -22,7 +22,6 @@ clients, settings and zones: connection.py; what one run_instances call asks for
 
 from __future__ import annotations
 
-import datetime
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,7 @@ from airflow_sky.errors import ClusterError
 from airflow_sky.infra import catalog, optimizer, provisioner
 from airflow_sky.infra.aws import instances, launch_spec, network, pinning
 from airflow_sky.infra.aws.instances import Member
-from airflow_sky.infra.aws.members import AwsMembers
+from airflow_sky.infra.aws.launcher import AwsLauncher
 from airflow_sky.infra.aws.placement import Placement
 from airflow_sky.infra.base import Node, ProvisionRequest
 from airflow_sky.infra.keys import public_key_of
@@ -49,7 +48,7 @@ log = logging.getLogger(__name__)
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_AWS_ENDPOINT_RESOLVER"
 
 
-class AwsCloud(AwsMembers):
+class AwsCloud(AwsLauncher):
     name = "aws"
     # Where the default image of each architecture is published (SSM parameters, one value per region).
     image_parameters = network.DEFAULT_IMAGE_PARAMETERS
@@ -64,6 +63,7 @@ class AwsCloud(AwsMembers):
     def plan(self, request: ProvisionRequest) -> list[Placement]:
         """The placements to try, best first: the optimizer's order over the aws catalog."""
         resources = request.resources or Resources()
+        launch_spec.check_labels(resources.labels)  # refused before anything is made
         pin: dict[str, Any] = {"cloud": "aws"}
         if self.region:
             pin.update(region=self.region, zone=self.zone or resources.zone)
@@ -109,6 +109,9 @@ class AwsCloud(AwsMembers):
 
     def forget_if_empty(self, cluster: str) -> None:
         if not self.nodes(cluster):
+            region = self._region_of(cluster)
+            if region is not None:
+                self._release_network(cluster, region)
             self._store(cluster).delete_all()
 
     def wait_ready(self, cluster: str, instance_ids: list[str]) -> None:
@@ -118,16 +121,12 @@ class AwsCloud(AwsMembers):
 
     def launch(self, order: LaunchOrder, placement: Placement) -> list[str]:
         """Bring up the order's ranks in `placement`; returns the instance ids. Ends what it made on failure."""
-        cluster, ranks, request, known = order.cluster, order.ranks, order.request, order.known
+        cluster, ranks, request = order.cluster, order.ranks, order.request
         s = self.settings
         region = placement.region
         ec2 = self._client("ec2", region)
         resources = request.resources or Resources()
         zone_name = self.zone_name(region, placement.zone)
-        public_key = public_key_of(s.ssh_key_file)
-        placed = network.launch_network(
-            ec2, region, zone_name, public_key, s.security_group, s.ssh_cidr, not s.use_private_ip
-        )
         image, root_device = network.resolve_image(
             ec2,
             self._client("ssm", region),
@@ -138,74 +137,31 @@ class AwsCloud(AwsMembers):
         )
         disk = disk_size_gb(resources)
         self._record_placement(cluster, placement, image, disk)
-        day = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-        token = instances.launch_token(cluster, ranks, placement.label, known, day)
-        adopted = [
-            m.instance_id
-            for m in self._members(cluster, region)
-            if not m.ended
-            and m.state in instances.LIVE_STATES
-            and m.instance_id not in known
-            and self._launch_tag(ec2, m.instance_id) == token
-        ]
-        if adopted:
-            log.info(
-                "aws: %s: found the %d instance(s) of an earlier try of this launch", cluster, len(adopted)
-            )
-            ids = adopted
-        else:
-            log.info("aws: %s: launching %d x %s", cluster, len(ranks), placement.label)
-            args = launch_spec.run_instances_args(
-                count=len(ranks),
-                instance_type=placement.instance_type,
-                use_spot=placement.use_spot,
-                image=image,
-                root_device=root_device,
-                tags=launch_spec.launch_tags(cluster, ranks, token, request.job_name),
-                disk_size=disk,
-                network=placed,
-                token=token,
-                shutdown=launch_spec.shutdown_behavior(
-                    resources, placement.use_spot, self._launch_settings(cluster).get("shutdown")
-                ),
-                iam_instance_profile=s.iam_instance_profile,
-            )
-            ids = self._run_instances(ec2, placement, args)
+        owned = self._prepare_network(cluster, ec2, region, placement, resources)
+        ids: list[str] = []
         try:
-            self._tag_ranks(ec2, ids, ranks, cluster)
-            self._wait_ready(cluster, region, ids)
+            placed = network.launch_network(
+                ec2,
+                region,
+                zone_name,
+                public_key_of(s.ssh_key_file),
+                s.security_group,
+                s.ssh_cidr,
+                not s.use_private_ip,
+                extra_groups=[owned.ports_group] if owned.ports_group else [],
+                efa_type=owned.efa_type,
+            )
+            ids = self._launch_or_adopt(order, placement, placed, image, root_device, disk, owned)
+            try:
+                self._tag_ranks(ec2, ids, ranks, cluster)
+                self._wait_ready(cluster, region, ids)
+            except BaseException:
+                self._end(region, ids)
+                raise
         except BaseException:
-            self._end(region, ids)
+            self._release_after_failure(cluster, region, owned, ids)
             raise
         return ids
-
-    def _launch_tag(self, ec2: Any, instance_id: str) -> str | None:
-        for reservation in ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]:
-            for i in reservation["Instances"]:
-                return instances.tags_of(i).get(instances.TAG_LAUNCH)
-        return None
-
-    def _run_instances(self, ec2: Any, placement: Placement, args: dict[str, Any]) -> list[str]:
-        """The launch; the ids in launch-index order. No room (or no quota) here: NoCapacity."""
-        try:
-            response = ec2.run_instances(**args)
-        except ClientError as e:
-            code = instances.error_code(e)
-            if code in instances.CAPACITY_ERRORS or code in instances.QUOTA_ERRORS:
-                raise NoCapacity(placement, code, str(e.response.get("Error", {}).get("Message", ""))) from e
-            raise ClusterError(f"aws: run_instances in {placement.label} failed: {code or e}") from e
-        launched = sorted(response["Instances"], key=lambda i: int(i.get("AmiLaunchIndex", 0)))
-        return [str(i["InstanceId"]) for i in launched]
-
-    def _tag_ranks(self, ec2: Any, ids: list[str], ranks: list[int], cluster: str) -> None:
-        by_index = {}
-        for reservation in ec2.describe_instances(InstanceIds=ids)["Reservations"]:
-            for i in reservation["Instances"]:
-                by_index[int(i.get("AmiLaunchIndex", 0))] = i["InstanceId"]
-        for index, rank in enumerate(ranks):
-            instance_id = by_index.get(index, ids[index] if index < len(ids) else None)
-            if instance_id is not None:
-                ec2.create_tags(Resources=[instance_id], Tags=launch_spec.rank_tags(cluster, rank))
 
     def _wait_ready(self, cluster: str, region: str, ids: list[str]) -> None:
         """Running (or a lost launch: NoCapacity for spot), host keys pinned, SSH answering; each bounded."""
@@ -296,6 +252,7 @@ class AwsCloud(AwsMembers):
             use_spot=placement.use_spot,
             image_id=launched.get("image"),
             disk_size=launched.get("disk_size"),
+            **self._owned_resources(cluster_name),  # its placement group, ports, disk tier, labels
         )
         order = LaunchOrder(
             ProvisionRequest(cluster_name, rank + 1, same), [rank], [m.instance_id for m in members]
@@ -343,6 +300,10 @@ class AwsCloud(AwsMembers):
             if alive:
                 log.info("aws: %s: terminating %d instance(s) in %s", cluster_name, len(alive), region)
                 self._end(region, alive)
+        recorded = self._placement(cluster_name)
+        if recorded is not None:
+            # Its placement group and ports group, once its instances are gone (the ports close at once).
+            self._release_network(cluster_name, recorded.region)
         self._store(cluster_name).delete_all()
 
     def _all_regions(self, cluster_name: str) -> list[str]:

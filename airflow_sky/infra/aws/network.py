@@ -2,18 +2,20 @@
 
 All created once and found by name afterwards (idempotent, safe for racing provisioners): the key pair is
 named after the public key's fingerprint, the security group after the setting (`airflow-sky`) in the
-region's default VPC. Nothing here is per cluster, so teardown only ends instances.
+region's default VPC. Nothing here is per cluster (what is: cluster_network.py).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from airflow_sky.errors import ClusterError
+from airflow_sky.infra.aws import efa
 from airflow_sky.infra.aws.instances import error_code
 
 # The deep-learning images AWS publishes (Ubuntu 22.04, NVIDIA driver, CUDA, Docker), looked up per region
@@ -27,21 +29,32 @@ SSM_PREFIX = "resolve:ssm:"
 
 
 def launch_network(
-    ec2: Any, region: str, zone_name: str, public_key: str, group_name: str, ssh_cidr: str, public_ip: bool
+    ec2: Any,
+    region: str,
+    zone_name: str,
+    public_key: str,
+    group_name: str,
+    ssh_cidr: str,
+    public_ip: bool,
+    *,
+    extra_groups: Sequence[str] = (),
+    efa_type: str | None = None,
 ) -> dict[str, Any]:
     """The run_instances arguments that place instances in the zone: the key pair, and one interface in
-    the zone's subnet of the default VPC with the security group; each found, or made once."""
+    the zone's subnet of the default VPC with the security group (and the cluster's own, `extra_groups`);
+    each found, or made once. `efa_type`: `network_tier: best`, the EFA interfaces of that type."""
     key_name = ensure_key_pair(ec2, public_key)
     vpc = default_vpc(ec2, region)
-    group = ensure_security_group(ec2, vpc, group_name, ssh_cidr)
+    group = ensure_security_group(ec2, vpc, group_name, ssh_cidr, for_efa=efa_type is not None)
     subnet = subnet_in_zone(ec2, vpc, zone_name)
-    interface = {
-        "DeviceIndex": 0,
-        "SubnetId": subnet,
-        "Groups": [group],
-        "AssociatePublicIpAddress": public_ip,
-    }
-    return {"KeyName": key_name, "NetworkInterfaces": [interface]}
+    groups = [group, *extra_groups]
+    if efa_type is not None:
+        interfaces = efa.network_interfaces(efa_type, subnet, groups, [group], public_ip)
+    else:
+        interfaces = [
+            {"DeviceIndex": 0, "SubnetId": subnet, "Groups": groups, "AssociatePublicIpAddress": public_ip}
+        ]
+    return {"KeyName": key_name, "NetworkInterfaces": interfaces}
 
 
 def key_pair_name(public_key: str) -> str:
@@ -81,8 +94,9 @@ def default_vpc(ec2: Any, region: str) -> str:
     return str(vpcs[0]["VpcId"])
 
 
-def ensure_security_group(ec2: Any, vpc_id: str, name: str, ssh_cidr: str) -> str:
-    """The group: SSH from `ssh_cidr`, all traffic between its members (NCCL, Ray, torchrun rendezvous)."""
+def ensure_security_group(ec2: Any, vpc_id: str, name: str, ssh_cidr: str, for_efa: bool = False) -> str:
+    """The group: SSH from `ssh_cidr`, all traffic between its members (NCCL, Ray, torchrun rendezvous).
+    `for_efa`: also all traffic out to its members, which EFA asks for in so many words (AWS's EFA setup)."""
     found = ec2.describe_security_groups(
         Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
     )["SecurityGroups"]
@@ -101,11 +115,14 @@ def ensure_security_group(ec2: Any, vpc_id: str, name: str, ssh_cidr: str) -> st
         except ClientError as e:
             if error_code(e) != "InvalidGroup.Duplicate":
                 raise
-            return ensure_security_group(ec2, vpc_id, name, ssh_cidr)
+            return ensure_security_group(ec2, vpc_id, name, ssh_cidr, for_efa)
         group = {"GroupId": group_id, "IpPermissions": []}
     group_id = str(group["GroupId"])
     _allow(ec2, group, _ssh_rule(ssh_cidr))
-    _allow(ec2, group, {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]})
+    members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
+    _allow(ec2, group, members)
+    if for_efa:
+        _allow(ec2, group, members, egress=True)
     return group_id
 
 
@@ -113,8 +130,8 @@ def _ssh_rule(cidr: str) -> dict[str, Any]:
     return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr}]}
 
 
-def _allow(ec2: Any, group: dict[str, Any], rule: dict[str, Any]) -> None:
-    for existing in group.get("IpPermissions", []):
+def _allow(ec2: Any, group: dict[str, Any], rule: dict[str, Any], egress: bool = False) -> None:
+    for existing in group.get("IpPermissionsEgress" if egress else "IpPermissions", []):
         if existing.get("IpProtocol") != rule["IpProtocol"]:
             continue
         if "IpRanges" in rule and rule["IpRanges"][0] in [
@@ -125,8 +142,9 @@ def _allow(ec2: Any, group: dict[str, Any], rule: dict[str, Any]) -> None:
             p.get("GroupId") for p in existing.get("UserIdGroupPairs", [])
         ]:
             return
+    authorize = ec2.authorize_security_group_egress if egress else ec2.authorize_security_group_ingress
     try:
-        ec2.authorize_security_group_ingress(GroupId=group["GroupId"], IpPermissions=[rule])
+        authorize(GroupId=group["GroupId"], IpPermissions=[rule])
     except ClientError as e:
         if error_code(e) != "InvalidPermission.Duplicate":
             raise

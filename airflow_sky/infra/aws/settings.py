@@ -13,8 +13,10 @@ region_name, endpoint_url, ...). airflow-sky's settings sit in the extra under `
         "state_region": "us-east-1",          # where that table lives (default: the connection's region)
         "use_private_ip": false,              # SSH to private addresses (Airflow inside the VPC)
         "regions": ["us-east-1", "us-west-2"],# the regions the optimizer may use (default: all)
-        "iam_instance_profile": "sky-nodes"   # attached to every node: its role reads and writes the
+        "iam_instance_profile": "sky-nodes",  # attached to every node: its role reads and writes the
                                               # task's s3:// buckets (no key is sent to the nodes)
+        "port_sources": ["203.0.113.0/24"]    # who may reach a task's `resources.ports` (CIDR blocks,
+                                              # IPv4 or IPv6; default 0.0.0.0/0, as SkyPilot)
      }}
 
 `ssh_private_key` is a secret: Airflow masks extras with `private_key` in their name; it is written to a
@@ -26,8 +28,10 @@ the key in the connection so that every worker has it).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from typing import Any
 
+from airflow_sky.errors import SpecError
 from airflow_sky.infra.keys import sky_settings, ssh_key_of
 from airflow_sky.infra.vm_cloud import VmSettings
 
@@ -44,6 +48,7 @@ _FIELDS = (
     "use_private_ip",
     "regions",
     "iam_instance_profile",
+    "port_sources",
 )
 
 
@@ -54,6 +59,7 @@ class AwsSettings(VmSettings):
     state_table: str = "airflow-sky-state"
     state_region: str = DEFAULT_REGION
     iam_instance_profile: str | None = None  # a name or an ARN
+    port_sources: tuple[str, ...] = ("0.0.0.0/0",)  # who may reach `resources.ports`
 
 
 def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_region: str | None) -> AwsSettings:
@@ -81,6 +87,8 @@ def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_region: str | 
         )
         if k in raw
     }
+    if "port_sources" in raw:
+        values["port_sources"] = _cidrs(raw["port_sources"], f"{source}.port_sources")
     return AwsSettings(
         conn_id=conn_id,
         ssh_key_file=ssh_key_of(f"aws-{conn_id}", raw, source),
@@ -88,3 +96,14 @@ def settings_from_extra(conn_id: str, extra: dict[str, Any], conn_region: str | 
         regions=tuple(regions) if regions else None,
         **values,
     )
+
+
+def _cidrs(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise SpecError(f'{where}: must be a non-empty list of CIDR blocks, e.g. ["203.0.113.0/24"]')
+    for cidr in value:
+        try:
+            ipaddress.ip_network(cidr)
+        except ValueError as e:
+            raise SpecError(f"{where}: {cidr!r} is not a CIDR block ({e})") from e
+    return tuple(value)
