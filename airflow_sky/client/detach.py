@@ -112,7 +112,7 @@ def _run_queued() -> int:
     launch = Launch.from_json(sys.stdin.read())
     from airflow_sky.client.engine import run_job
 
-    outcome = run_job(launch.task, launch.options, listener=send)
+    outcome = run_job(launch, listener=send)
     return 0 if outcome.succeeded else 1
 
 

@@ -24,8 +24,8 @@ from airflow_sky.client.limits import raise_open_file_limit
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle, Phase
 from airflow_sky.infra.home import sky_home
-from airflow_sky.task import Task
-from airflow_sky.task.launch import Launch, LaunchOptions
+from airflow_sky.task.launch import Launch
+from airflow_sky.task.launch import LaunchOptions as LaunchOptions  # the CLI's and the SDK's import
 from airflow_sky.task.redaction import task_redactor
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
@@ -180,36 +180,14 @@ def launch_dag(launch: Launch, dag_id: str) -> Any:
     from airflow.sdk import DAG
 
     from airflow_sky.dags.job import sky_job
-    from airflow_sky.operators.provision import PipelineSlot
 
-    options = launch.options
-    pipeline = None
-    if options.pipeline_name is not None:
-        pipeline = PipelineSlot(
-            options.pipeline_name,
-            options.pipeline_index,
-            options.pipeline_task_names,
-            options.pipeline_task_ids,
-        )
     # A SkyPilot task as written: `{{ }}` in a script is the script's business, not a template.
     from airflow_sky.task.templating import keep_literal  # (jinja2: only a launch needs it)
 
     task = keep_literal(copy.deepcopy(launch.task))  # it edits in place: the launch's task stays as given
     with DAG(dag_id, schedule=None, catchup=False, tags=["airflow-sky", "launch"]) as dag:
-        sky_job(
-            task,
-            cluster_name=options.cluster_name,
-            infra=options.infra,
-            down=options.down,
-            setup=options.setup,
-            must_exist=options.must_exist,
-            retry_until_up=options.retry_until_up,
-            follow_run=options.follow,
-            group_id="job",
-            # The CLI prints every node's log as the follow tasks read it; waiting in a trigger would not.
-            deferrable=False,
-            pipeline=pipeline,
-        )
+        # The CLI prints every node's log as the follow tasks read it; waiting in a trigger would not.
+        sky_job(launch=dataclasses.replace(launch, task=task), group_id="job", deferrable=False)
     return dag
 
 
@@ -233,8 +211,9 @@ def _output_to(log_file: Path) -> Iterator[None]:
             os.close(held)
 
 
-def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None = None) -> JobOutcome:
+def run_job(launch: Launch, listener: events.Listener | None = None) -> JobOutcome:
     """Run the job to its end in this process; `listener` receives progress events as they happen."""
+    task, options = launch.task, launch.options
     raise_open_file_limit(task.num_nodes)
     home = prepare_airflow()
     from airflow_sky.client.live import LogOrder, NodeLogs, task_events
@@ -287,7 +266,6 @@ def run_job(task: Task, options: LaunchOptions, listener: events.Listener | None
 
     queue_watch: list[QueueWatch] = []  # what the job waits for in the cluster's queue, as `queued` events
     try:
-        launch = Launch(task, options)
         dag_path = write_launch_files(launch)
         queue_watch.append(QueueWatch(cluster, dag_path.stem, sink))
         queue_watch[0].start()

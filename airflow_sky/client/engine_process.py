@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_sky.client import events
-from airflow_sky.client.engine import AIRFLOW_HOME_ENV, JobOutcome, LaunchOptions, private_airflow_home
+from airflow_sky.client.engine import AIRFLOW_HOME_ENV, JobOutcome, private_airflow_home
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle
-from airflow_sky.task import Task
 from airflow_sky.task.launch import Launch
 
 
@@ -38,10 +37,8 @@ def child_environment(parent: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_job_in_child(
-    task: Task, options: LaunchOptions, listener: events.Listener | None = None
-) -> JobOutcome:
-    payload = Launch(task, options).to_json()
+def run_job_in_child(launch: Launch, listener: events.Listener | None = None) -> JobOutcome:
+    payload = launch.to_json()
     proc = subprocess.Popen(
         [sys.executable, "-m", "airflow_sky.client.engine_process"],
         stdin=subprocess.PIPE,
@@ -98,8 +95,7 @@ def main() -> int:
 
     try:
         outcome = run_job(
-            launch.task,
-            launch.options,
+            launch,
             listener=lambda event: send({"type": "event", "event": dataclasses.asdict(event)}),
         )
     except SkyError as e:

@@ -22,7 +22,7 @@ from airflow_sky.client.cluster_names import (
     cluster_name_note,
     task_cluster_name,
 )
-from airflow_sky.client.engine import JobOutcome, LaunchOptions, bind_private_home
+from airflow_sky.client.engine import JobOutcome, Launch, LaunchOptions, bind_private_home
 from airflow_sky.client.events import Event
 from airflow_sky.client.sdk_jobs import cancel, download_logs, job_status, logs_dir, queue, tail_logs
 from airflow_sky.errors import ClusterError, SpecError
@@ -121,7 +121,7 @@ def run(
             from airflow_sky.client.detach import queue_in_background
 
             return queue_in_background(task, options, on_event)
-    outcome = (run_job_in_child if in_child else run_job)(task, options, listener=on_event)
+    outcome = (run_job_in_child if in_child else run_job)(Launch(task, options), listener=on_event)
     if (
         options.down
         and outcome.job_id is not None

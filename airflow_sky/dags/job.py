@@ -11,6 +11,7 @@ waits on a worker slot, and the chain has no scheduler hop that no barrier needs
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from datetime import timedelta
@@ -36,6 +37,7 @@ from airflow_sky.operators import (
 from airflow_sky.operators.base import NODE_MAP_INDEX_TEMPLATE
 from airflow_sky.operators.provision import PipelineSlot
 from airflow_sky.task import Task
+from airflow_sky.task.launch import Launch, LaunchOptions
 from airflow_sky.task.pipeline import job_id_for
 
 # The deadline of every step that is not the user's own script (setup and run take setup_timeout and
@@ -50,18 +52,19 @@ STEP_TIMEOUTS: dict[str, timedelta] = {
 
 
 def sky_job(
-    task: Task | str | os.PathLike[str] | XComArg,
+    task: Task | str | os.PathLike[str] | XComArg | None = None,
     *,
+    launch: Launch | None = None,
     cluster_name: str | None = None,
     infra: str | None = None,
-    down: bool = True,
+    down: bool | None = None,
     group_id: str | None = None,
     conn_id: str | None = None,
     env_overrides: dict[str, str] | None = None,
-    setup: bool = True,
-    must_exist: bool = False,
-    retry_until_up: bool = False,
-    follow_run: bool = True,
+    setup: bool | None = None,
+    must_exist: bool | None = None,
+    retry_until_up: bool | None = None,
+    follow_run: bool | None = None,
     max_recoveries: int = DEFAULT_MAX_RECOVERIES,
     artifacts: Sequence[str] | None = None,
     artifacts_to: str | None = None,
@@ -80,18 +83,22 @@ def sky_job(
     :param task: a Task, or the path of a task YAML (a relative path is read against the directory of the
         DAG file that calls sky_job, else the working directory), or the XComArg of a task that returns a
         managed job's spec (dags.managed: the task, infra, cluster and down are then read at run time).
+    :param launch: instead of the task and its options (cluster_name, infra, down, env_overrides, setup,
+        must_exist, retry_until_up, follow_run, pipeline): a whole launch description (task.launch.Launch),
+        as the engine hands one over; none of those keywords may be given with it.
     :param cluster_name: the cluster to launch or reuse; default: one per DAG run (`<dag>-<hash>`).
     :param infra: `local` (default), `ssh/<pool>`, `aws/<region>`, `gcp/<region>`; default: the task's
         `resources.infra`, else local.
-    :param down: tear the cluster down when the job ends (also when it fails).
+    :param down: tear the cluster down when the job ends (also when it fails); default True.
     :param group_id: the TaskGroup id; default: the task's name (or `sky_job`).
     :param conn_id: the Airflow connection with the infra's credentials (not needed for local).
-    :param setup: run the task's setup on every node (False: like `sky exec` / `sky launch --no-setup`).
-    :param must_exist: only use a cluster that is already up (never provision).
+    :param setup: run the task's setup on every node (default True; False: like `sky exec` /
+        `sky launch --no-setup`).
+    :param must_exist: only use a cluster that is already up (never provision); default False.
     :param retry_until_up: when no region or zone has capacity, keep trying with backoff (the provision
-        task then has no deadline) instead of failing.
-    :param follow_run: False ends the group once every rank's run started (`--detach-run`): no run_follow,
-        collect or teardown; the job keeps running on the kept cluster.
+        task then has no deadline) instead of failing; default False.
+    :param follow_run: default True; False ends the group once every rank's run started (`--detach-run`):
+        no run_follow, collect or teardown; the job keeps running on the kept cluster.
     :param aws_conn_id: the connection for `s3://` buckets (file_mounts and artifacts_to): named buckets are
         created and deleted with it, and the nodes get its credentials unless the infra gives them an
         identity of their own (default `aws_default`).
@@ -111,28 +118,62 @@ def sky_job(
     Every other step has a deadline of its own (STEP_TIMEOUTS): provisioning, syncing, starting, collecting
     and tearing down never wait forever.
     """
-    if not follow_run and down:
+    given = {
+        name
+        for name, value in (
+            ("task", task),
+            ("cluster_name", cluster_name),
+            ("infra", infra),
+            ("down", down),
+            ("env_overrides", env_overrides),
+            ("setup", setup),
+            ("must_exist", must_exist),
+            ("retry_until_up", retry_until_up),
+            ("follow_run", follow_run),
+            ("pipeline", pipeline),
+        )
+        if value is not None
+    }
+    if launch is not None and given:
+        raise SpecError(
+            f"sky_job: launch= already describes the task and its options; {', '.join(sorted(given))} "
+            "cannot be given with it (pass either a launch or the task and its keywords)"
+        )
+    job: Task | XComArg
+    if launch is not None:
+        job, options = launch.task, launch.options
+    elif task is None:
+        raise SpecError("sky_job: give the task (a Task, a task YAML's path, an XComArg) or launch=")
+    else:
+        job, options = job_launch(
+            task,
+            cluster_name=cluster_name,
+            infra=infra,
+            down=down,
+            env_overrides=env_overrides,
+            setup=setup,
+            must_exist=must_exist,
+            retry_until_up=retry_until_up,
+            follow_run=follow_run,
+            pipeline=pipeline,
+        )
+    if not options.follow and options.down:
         raise SpecError(
             "down=True needs follow_run=True: the cluster would be torn down under the running job"
         )
-    if isinstance(task, XComArg):
+    if isinstance(job, XComArg):
         # A managed job (dags.managed): the task, infra, cluster and down come from the run's spec, checked
         # by the task that produced it; nothing about them is known when the DAG is parsed.
         if group_id is None:
             raise SpecError("group_id: a job whose task is resolved at run time needs a group_id")
-        infra = infra or "local"
     else:
-        if not isinstance(task, Task):
-            task = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
-        elif env_overrides:
-            task = task.with_envs(env_overrides)  # the caller's Task stays as it was
-        check_runnable(task)
-        infra = infra or task.resources.infra or "local"
-        if "{{" not in infra:
-            check_connection(infra, conn_id)  # fails when the DAG is parsed, not mid-run
-            task_buckets(task, infra)  # so do unsupported bucket mounts
-        group_id = group_id or job_id_for(task.name or "sky_job")
-    common: dict[str, Any] = {"sky_task": task, "conn_id": conn_id}
+        check_runnable(job)
+        if "{{" not in options.infra:
+            check_connection(options.infra, conn_id)  # fails when the DAG is parsed, not mid-run
+            task_buckets(job, options.infra)  # so do unsupported bucket mounts
+        group_id = group_id or job_id_for(job.name or "sky_job")
+    setup, follow_run, down = options.setup, options.follow, options.down
+    common: dict[str, Any] = {"sky_task": job, "conn_id": conn_id}
     follow_options: dict[str, Any] = {} if deferrable is None else {"deferrable": deferrable}
     if defer_after_s is not None:
         follow_options["defer_after_s"] = defer_after_s
@@ -144,17 +185,19 @@ def sky_job(
             register_sky_result(group.dag)
         provision = SkyProvisionOperator(
             task_id="provision",
-            cluster_name=cluster_name,
-            infra=infra,
+            cluster_name=options.cluster_name or None,  # "": one per DAG run, named by provision
+            infra=options.infra,
             down=down,
-            must_exist=must_exist,
-            retry_until_up=retry_until_up,
-            pipeline=pipeline,
+            must_exist=options.must_exist,
+            retry_until_up=options.retry_until_up,
+            pipeline=pipeline_slot(options),
             aws_conn_id=aws_conn_id,
             gcp_conn_id=gcp_conn_id,
             # An exec provisions nothing; it may wait in the cluster's job queue as long as the jobs before
             # it run (a launch onto a busy cluster waits within provision's deadline).
-            execution_timeout=None if retry_until_up or must_exist else STEP_TIMEOUTS["provision"],
+            execution_timeout=None
+            if options.retry_until_up or options.must_exist
+            else STEP_TIMEOUTS["provision"],
             **common,
         )
         cluster = provision.output["handle"]  # type: ignore[index]  # a PlainXComArg of another XCom key
@@ -176,7 +219,7 @@ def sky_job(
             every_node,
             start_setup=setup,
         )
-        launch = SkyLaunchOperator(
+        start = SkyLaunchOperator(
             task_id="launch", cluster=cluster, execution_timeout=STEP_TIMEOUTS["launch"], **common
         )
         if setup:
@@ -188,15 +231,15 @@ def sky_job(
                 execution_timeout=setup_timeout,
                 **follow_options,
             )
-            provision >> sync >> setup_follow >> launch
+            provision >> sync >> setup_follow >> start
         else:
-            provision >> sync >> launch
+            provision >> sync >> start
         if not follow_run:
             return group
         run_follow = per_node(
             SkyFollowOperator,
             "run_follow",
-            launch.output,
+            start.output,
             phase="run",
             max_recoveries=max_recoveries,
             execution_timeout=run_timeout,
@@ -221,7 +264,7 @@ def sky_job(
             execution_timeout=STEP_TIMEOUTS["teardown"],
             **common,
         )
-        launch >> run_follow >> collect >> teardown
+        start >> run_follow >> collect >> teardown
         teardown.as_teardown(setups=provision)
         if down:
             # A teardown that cannot terminate must fail the run: nodes left running must not look like a
@@ -230,6 +273,62 @@ def sky_job(
             # teardown fails the run when it does not succeed, and leaves collect a leaf of its own.
             teardown >> EmptyOperator(task_id="terminated")
     return group
+
+
+def job_launch(
+    task: Task | str | os.PathLike[str] | XComArg,
+    *,
+    cluster_name: str | None,
+    infra: str | None,
+    down: bool | None,
+    env_overrides: dict[str, str] | None,
+    setup: bool | None,
+    must_exist: bool | None,
+    retry_until_up: bool | None,
+    follow_run: bool | None,
+    pipeline: PipelineSlot | None,
+) -> tuple[Task | XComArg, LaunchOptions]:
+    """sky_job's keywords as a launch description (the one place that turns them into one): the task
+    (read from its YAML, with the overrides, on a copy) and its LaunchOptions. A cluster name of "" is one
+    per DAG run (provision names it); a managed job's task stays an XComArg, resolved at run time."""
+    if isinstance(task, XComArg):
+        job: Task | XComArg = task
+        infra = infra or "local"
+    else:
+        if not isinstance(task, Task):
+            job = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
+        else:
+            job = (
+                task.with_envs(env_overrides) if env_overrides else task
+            )  # the caller's Task stays as it was
+        infra = infra or job.resources.infra or "local"
+    options = LaunchOptions(
+        cluster_name=cluster_name or "",
+        infra=infra,
+        down=True if down is None else down,
+        setup=True if setup is None else setup,
+        must_exist=bool(must_exist),
+        retry_until_up=bool(retry_until_up),
+        follow=True if follow_run is None else follow_run,
+    )
+    if pipeline is not None:
+        options = dataclasses.replace(
+            options,
+            pipeline_name=pipeline.name,
+            pipeline_index=pipeline.index,
+            pipeline_task_names=pipeline.task_names,
+            pipeline_task_ids=pipeline.task_ids,
+        )
+    return job, options
+
+
+def pipeline_slot(options: LaunchOptions) -> PipelineSlot | None:
+    """The job's place in a pipeline, as the provision operator takes it."""
+    if options.pipeline_name is None:
+        return None
+    return PipelineSlot(
+        options.pipeline_name, options.pipeline_index, options.pipeline_task_names, options.pipeline_task_ids
+    )
 
 
 def check_runnable(task: Task) -> None:
