@@ -40,11 +40,11 @@ class Resources:
     job_recovery: JobRecovery | None
     ports: tuple[str, ...] | None
     image_id: str | dict[str, Any] | None
-    # Parsed and kept, not acted on yet:
     labels: dict[str, str] | None
     disk_tier: str | None
     network_tier: str | None
     autostop: dict[str, Any] | bool | None  # False: off; else {"idle_minutes", "down", "wait_for"}
+    # Parsed and kept, not acted on yet:
     accelerator_args: dict[str, Any] | None
     priority: int | None
     volumes: list[dict[str, Any]] | None

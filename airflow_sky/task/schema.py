@@ -29,15 +29,9 @@ INERT_TASK_FIELDS = (
     "inputs",
     "outputs",
 )
-INERT_RESOURCE_FIELDS = (
-    "ports",
-    "labels",
-    "disk_tier",
-    "network_tier",
-    "accelerator_args",
-    "priority",
-    "volumes",
-)
+# ports, labels, disk_tier and network_tier act (aws, gcp; ports also local, ssh); where one has no effect
+# is said per infra (task/resources_effects.py).
+INERT_RESOURCE_FIELDS = ("accelerator_args", "priority", "volumes")
 INERT_STORAGE_FIELDS = ("config",)
 
 # SkyPilot-internal fields: its schemas accept them in YAML it writes for itself (controllers, saved
@@ -111,7 +105,10 @@ _JOB_RECOVERY: dict[str, Any] = {
     "description": "a strategy name or a mapping {strategy, max_restarts_on_errors, recover_on_exit_codes}",
 }
 
-_PORT_ITEM: dict[str, Any] = {"type": ["integer", "string"]}
+_PORT_ITEM: dict[str, Any] = {
+    "type": ["integer", "string"],
+    "description": "a port 1..65535 or a range 'LO-HI'",
+}
 
 _ACCELERATORS: dict[str, Any] = {
     "anyOf": [
@@ -175,7 +172,6 @@ _SINGLE_RESOURCE_PROPERTIES: dict[str, Any] = {
     "disk_size": _DISK_SIZE,
     "job_recovery": _JOB_RECOVERY,
     "spot_recovery": _JOB_RECOVERY,  # SkyPilot's legacy name of job_recovery
-    # Parsed but not acted on yet (INERT_RESOURCE_FIELDS).
     "ports": {
         "anyOf": [_PORT_ITEM, {"type": "array", "items": _PORT_ITEM}],
         "description": "a port (8080), a range ('10000-10010') or a list of them",
@@ -189,6 +185,7 @@ _SINGLE_RESOURCE_PROPERTIES: dict[str, Any] = {
     "disk_tier": _STRING,
     "network_tier": _STRING,
     "autostop": _AUTOSTOP,
+    # Parsed but not acted on yet (INERT_RESOURCE_FIELDS).
     "accelerator_args": {
         "type": "object",
         "additionalProperties": False,

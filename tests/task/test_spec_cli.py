@@ -67,13 +67,14 @@ def test_check_applies_env_and_env_file_with_the_command_line_winning(
 
 def test_check_prints_unsupported_fields_as_one_warning_line(run_cli: RunCli, tmp_path: Path) -> None:
     task = tmp_path / "task.yaml"
-    task.write_text("resources:\n  ports: 8080\nservice:\n  replicas: 2\nrun: echo\n")
+    task.write_text("resources:\n  priority: 5\n  ports: 8080\nservice:\n  replicas: 2\nrun: echo\n")
     result = run_cli("check", str(task))
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("airflow-sky: warning: ")
-    assert "resources.ports" in lines[0] and "service" in lines[0]
+    assert "resources.priority" in lines[0] and "service" in lines[0]
+    assert "resources.ports" not in lines[0]  # ports act (opened on aws/gcp, listed by status --endpoints)
     assert yaml.safe_load(result.stdout)["service"] == {"replicas": 2}
 
 

@@ -114,7 +114,8 @@ def test_infra_with_cloud_names_both_fields() -> None:
     ],
 )
 def test_ports_canonicalize_to_strings(ports: Any, expected: tuple[str, ...]) -> None:
-    with pytest.warns(SpecWarning, match="resources.ports"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ports act: no "not acted on" warning
         assert Resources(ports=ports).ports == expected
 
 
@@ -197,7 +198,20 @@ def test_resources_from_dict_names_the_given_source() -> None:
 def test_inert_resource_fields_are_kept_and_warned_once() -> None:
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        resources = Resources(image_id="docker:ubuntu", labels={"a": "b"}, disk_tier="best")
+        resources = Resources(image_id="docker:ubuntu", labels={"a": "b"}, priority=5, disk_tier="best")
     assert len(record) == 1 and issubclass(record[0].category, SpecWarning)
-    assert "resources.labels, resources.disk_tier" in str(record[0].message)
-    assert resources.to_dict() == {"image_id": "docker:ubuntu", "labels": {"a": "b"}, "disk_tier": "best"}
+    assert str(record[0].message).endswith("(kept as written): resources.priority")
+    assert resources.to_dict() == {
+        "image_id": "docker:ubuntu",
+        "labels": {"a": "b"},
+        "disk_tier": "best",
+        "priority": 5,
+    }
+
+
+def test_fields_that_act_on_aws_and_gcp_are_not_called_inert() -> None:
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        resources = Resources(ports=[8080], labels={"a": "b"}, disk_tier="best", network_tier="best")
+    assert record == []
+    assert resources.ports == ("8080",) and resources.network_tier == "best"

@@ -291,21 +291,24 @@ event_callback: echo done
 resources:
   ports: 8080
   labels: {team: ml}
+  priority: 10
   any_of:
     - disk_tier: best
+      accelerator_args: {tpu_vm: true}
 """
     with pytest.warns(SpecWarning) as record:
         task = Task.from_yaml_str(text)
     assert len(record) == 1
     message = str(record[0].message)
     for field in (
-        "resources.ports",
-        "resources.labels",
-        "resources.any_of.0.disk_tier",
+        "resources.priority",
+        "resources.any_of.0.accelerator_args",
         "service",
         "event_callback",
     ):
         assert field in message
+    for acting in ("ports", "labels", "disk_tier"):  # they act on aws and gcp
+        assert acting not in message
     data = task.to_dict()
     assert data["service"] == {"replicas": 2} and data["event_callback"] == "echo done"
     assert data["resources"]["ports"] == ["8080"] and data["resources"]["labels"] == {"team": "ml"}
