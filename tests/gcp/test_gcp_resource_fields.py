@@ -66,6 +66,9 @@ def test_best_on_four_a100_nodes_puts_them_in_one_compact_policy_with_gvnic_and_
         assert [nic.get("nicType") for nic in vm["networkInterfaces"]] == ["GVNIC"]  # a2: no GPU NICs
         assert vm["scheduling"]["onHostMaintenance"] == "TERMINATE"
     assert GcpCloud().network_env(cluster) == {}  # a2 has no GPUDirect NICs: no NCCL settings to give
+    new = FastGcpCloud(REGION).replace(cluster, 1)  # a replacement joins the same policy, with gVNIC
+    assert gce.instances[new.instance_id]["resourcePolicies"] == [link]
+    assert gce.instances[new.instance_id]["networkInterfaces"][0]["nicType"] == "GVNIC"
     cloud.terminate(cluster)
     assert _made(gce, cluster) == [] and gce.policy_links().count(link) == 0
 

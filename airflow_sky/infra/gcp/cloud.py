@@ -12,6 +12,10 @@
 4. a failure after an insert deletes what this provision made. A stock-out or quota error moves on to the
    next placement in the optimizer's order; `retry_until_up` starts the list again, with backoff.
 
+`network_tier: best` adds the cluster's compact placement policy, gVNIC and the type's GPU NICs (fabric.py);
+`ports` a firewall rule of exactly those ports; `disk_tier` and `labels` shape each VM (vm_fields.py). All
+are recorded with the cluster: `network_env` and `opened_ports` read them back; teardown removes them.
+
 Host keys are pinned from the guest attributes (`hostkeys/`, published by the guest environment over the
 metadata server, read through the authenticated API), or else from the serial console (cloud-init's block).
 The SSH key reaches the VMs through instance metadata (`ssh-keys`). Spot VMs are deleted when preempted;
