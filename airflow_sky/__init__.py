@@ -30,6 +30,7 @@ _LAZY = {
     "cancel": "airflow_sky.client.sdk",
     "down": "airflow_sky.client.sdk",
     "status": "airflow_sky.client.sdk",
+    "endpoints": "airflow_sky.client.sdk",
 }
 
 __all__ = ["ClusterError", "JobFailed", "RemoteError", "SkyError", "SpecError", "__version__", *_LAZY]

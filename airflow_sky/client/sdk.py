@@ -41,6 +41,7 @@ __all__ = [
     "cluster_of",
     "down",
     "download_logs",
+    "endpoints",
     "exec",
     "forget",
     "infra_of",
@@ -331,6 +332,14 @@ def status(cluster_names: Sequence[str] | None = None, infra: str | None = None)
             remember(name, infra)  # `status --infra I NAME` is how a user says where an ambiguous name lives
         result.append(_status_row(name, infra, nodes))
     return result
+
+
+def endpoints(cluster: str, port: int | None = None) -> dict[int, str]:
+    """`sky.endpoints`: each opened port (resources.ports) of `cluster` -> `host:port` on its head node;
+    with `port`, that one only (a ClusterError when it was not opened)."""
+    bind_private_home()
+    found, _ = _existing(cluster)
+    return found.endpoints(port)
 
 
 def _status_of(cluster_name: str) -> dict[str, Any]:

@@ -31,6 +31,15 @@ def autostop_check_s() -> float:
     return float(os.environ.get(AUTOSTOP_CHECK_ENV, DEFAULT_AUTOSTOP_CHECK_S))
 
 
+def port_numbers(ports: Iterable[str]) -> list[int]:
+    """('8080', '10000-10002') -> [8080, 10000, 10001, 10002]: each port once, in order."""
+    numbers: set[int] = set()
+    for item in ports:
+        lo, _, hi = item.partition("-")
+        numbers.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(numbers)
+
+
 class Cluster:
     """The nodes of cluster `name` on `cloud` (`infra` is the name it was asked for, e.g. `aws/us-east-1`)."""
 
@@ -53,7 +62,11 @@ class Cluster:
         """Bring the cluster to at least `num_nodes` running nodes; an existing larger cluster is kept."""
         existing = self.cloud.nodes(self.name)
         running = [n for n in existing if n.status is NodeStatus.RUNNING]
-        if len(existing) >= num_nodes and len(running) == len(existing):
+        ports = resources.ports if resources is not None else None
+        # A cluster that is up is reused as it is, unless the task asks for other ports (the infra then
+        # makes its rules exactly those).
+        ports_change = bool(ports and existing) and tuple(ports or ()) != self.opened_ports()
+        if len(existing) >= num_nodes and len(running) == len(existing) and not ports_change:
             return existing
         request = ProvisionRequest(
             self.name,
@@ -109,6 +122,22 @@ class Cluster:
 
     def opened_ports(self) -> tuple[str, ...]:
         return self.cloud.opened_ports(self.name)
+
+    def endpoints(self, port: int | None = None) -> dict[int, str]:
+        """Each opened port's `host:port` on the head node's reachable address (its public/SSH host; a
+        local node's loopback address), as `sky status --endpoints`: one entry per port, ranges expanded.
+        With `port`: that one only, and a clear error when it was not opened."""
+        nodes = self.running_nodes()
+        opened = port_numbers(self.opened_ports())
+        if port is not None and port not in opened:
+            listed = ", ".join(self.opened_ports()) or "none"
+            raise ClusterError(
+                f"port {port} is not opened on cluster {self.name!r} (opened: {listed}); open it with "
+                "resources.ports in the task"
+            )
+        host = nodes[0].ssh_host
+        address = f"[{host}]" if ":" in host else host  # an IPv6 address
+        return {p: f"{address}:{p}" for p in opened if port is None or p == port}
 
     def node_bucket_identity(self) -> frozenset[str]:
         """The bucket stores (s3, gcs) the nodes reach with an identity of their own (instance profile,

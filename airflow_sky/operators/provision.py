@@ -14,6 +14,7 @@ from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.task import GitWorkdir
 from airflow_sky.task.envs import pipeline_task_ids
+from airflow_sky.task.resources_effects import no_effect_warning
 
 _CLOSING_ATTEMPTS = 3  # provisions of a cluster that another run's teardown ended meanwhile
 
@@ -42,7 +43,9 @@ class SkyProvisionOperator(SkyBaseOperator):
     """Brings up `num_nodes` nodes (idempotent) and allocates the job id; returns the JobHandle as a dict.
 
     XComs: the return value is every node of the cluster (a list of dicts, head first: sync and setup map
-    over it); the key `handle` holds the JobHandle as a dict, which every other task of the job reads.
+    over it); the key `handle` holds the JobHandle as a dict, which every other task of the job reads; when
+    the task sets resources.ports, the key `endpoints` maps each opened port to `host:port` on the head
+    node (as `airflow-sky status --endpoints`; JSON keys, so the ports are strings there).
     A failure after nodes were created for this run tears them down here, since a teardown does not run
     when its setup task failed.
     """
@@ -81,8 +84,12 @@ class SkyProvisionOperator(SkyBaseOperator):
         self.mask_secrets()  # (and a managed job's spec adopted: its infra, cluster and down)
         run_id = context["run_id"]
         job = self.task_id.rsplit(".", 1)[0] if self.pipeline and "." in self.task_id else None
+        # Normalized here too: a DAG's cluster_name (sky_job's keyword, a run conf's) is rendered only now.
         name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id, job))
         hook = SkyClusterHook(name, self.infra, self.conn_id)
+        no_effect = no_effect_warning(self.task_id, self.sky_task.resources, self.infra)
+        if no_effect is not None:
+            self.log.warning("%s", no_effect)
         hook.check_autostop(self.sky_task)
         current = hook.nodes()
         existed = bool(current)
@@ -140,6 +147,10 @@ class SkyProvisionOperator(SkyBaseOperator):
             )
         # Without the nodes: every task renders this XCom as a template field, and the job state has them.
         context["ti"].xcom_push(key="handle", value=handle.to_dict(nodes=False))
+        if self.sky_task.resources.ports:
+            endpoints = hook.cluster.endpoints()
+            self.log.info("endpoints: %s", ", ".join(f"{p}: {a}" for p, a in endpoints.items()))
+            context["ti"].xcom_push(key="endpoints", value={str(p): a for p, a in endpoints.items()})
         return [n.to_dict() for n in handle.nodes]
 
     def _pipeline_task_ids(self, context: Any) -> tuple[str, ...]:

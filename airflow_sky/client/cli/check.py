@@ -25,6 +25,11 @@ def register(subparsers: Any) -> None:
         "(a template) are allowed: a note on stderr lists the values `launch` will need.",
     )
     parser.add_argument("file", metavar="FILE.yaml", help="the task YAML")
+    parser.add_argument(
+        "--infra",
+        help="the infra to check the task for, as launch's (default: the task's resources.infra, else local): "
+        "fields that have no effect there are named",
+    )
     add_env_arguments(parser)
     parser.add_argument(
         "--show-secrets", action="store_true", help="print secret values instead of <redacted>"
@@ -52,12 +57,27 @@ def run(args: argparse.Namespace) -> int:
         return _check_pipeline(args)
     task = load_task(args, allow_unset=True)
     sys.stdout.write(task.to_yaml(redact_secrets=not args.show_secrets))
+    infra = str(args.infra or task.resources.infra or "local")
+    print_infra_effects(task, infra, args.file)
     needs = launch_needs(task, args.file)
     if needs is not None:
         print(f"airflow-sky: note: {needs}", file=sys.stderr)
     if needs is None:  # a template's buckets are checked once their names are given
-        check_buckets(task, task.resources.infra or "local", fatal=False)
+        check_buckets(task, infra, fatal=False)
     return 0
+
+
+def print_infra_effects(task: Task, infra: str, source: str) -> None:
+    """On stderr: a warning naming the resource fields that have no effect on `infra`, a note on ports
+    an ssh pool does not open (check and launch)."""
+    from airflow_sky.task.resources_effects import no_effect_warning, ports_note
+
+    warning = no_effect_warning(source, task.resources, infra)
+    if warning is not None:
+        print(f"airflow-sky: warning: {warning}", file=sys.stderr)
+    note = ports_note(source, task.resources, infra)
+    if note is not None:
+        print(f"airflow-sky: note: {note}", file=sys.stderr)
 
 
 def _check_pipeline(args: argparse.Namespace) -> int:

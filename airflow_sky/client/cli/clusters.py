@@ -10,16 +10,43 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from airflow_sky.errors import SpecError
+
+
+class _ClustersThenPort(argparse.Action):
+    """`CLUSTER... [PORT]`: a trailing number is the port of `status --endpoints CLUSTER PORT` (a cluster
+    name starts with a letter), kept apart so that it is never checked as a cluster name."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option: Any = None) -> None:
+        names = list(values)
+        port = names.pop() if names and names[-1].isdigit() else None
+        setattr(namespace, self.dest, names)
+        namespace.endpoint_port = None if port is None else int(port)
+
 
 def register(subparsers: Any) -> None:
     status = subparsers.add_parser("status", help="show clusters and their nodes")
-    status.add_argument("clusters", nargs="*", help="only these clusters")
+    status.add_argument(
+        "clusters",
+        nargs="*",
+        action=_ClustersThenPort,
+        help="only these clusters (with --endpoints: CLUSTER [PORT])",
+    )
     status.add_argument(
         "--infra",
         help="infra to query (default: local; named clusters: where they were launched, else every infra "
         "configured here)",
     )
-    status.set_defaults(handler=_status)
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--endpoints",
+        action="store_true",
+        help="print `PORT: host:port` for each port the cluster opened (resources.ports), as sky's",
+    )
+    shown.add_argument(
+        "--endpoint", type=int, metavar="PORT", help="print the `host:port` of one opened port, as sky's"
+    )
+    status.set_defaults(handler=_status, endpoint_port=None)
 
     down_cmd = subparsers.add_parser(
         "down", help="tear clusters down (asks first on a terminal, as sky does)"
@@ -59,6 +86,10 @@ def _status(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
     from airflow_sky.client.cli.cluster_jobs import terminal_console
 
+    if args.endpoints or args.endpoint is not None:
+        return _endpoints(args)
+    if args.endpoint_port is not None:
+        raise SpecError(f"status: {args.endpoint_port} is no cluster name (a port goes with --endpoints)")
     clusters = sdk.status(args.clusters or None, infra=args.infra)
     console = terminal_console()
     if not clusters:
@@ -82,6 +113,31 @@ def _status(args: argparse.Namespace) -> int:
     for cluster in clusters:
         if cluster.get("note"):
             print(f"{cluster['name']}: {cluster['note']}")
+    return 0
+
+
+def _endpoints(args: argparse.Namespace) -> int:
+    """`status --endpoints CLUSTER [PORT]` / `status CLUSTER --endpoint PORT`: sky's output shape (one
+    `PORT: host:port` line each; a single port prints its `host:port` alone)."""
+    from airflow_sky.client import sdk
+
+    names = list(args.clusters)
+    port = args.endpoint if args.endpoint is not None else args.endpoint_port
+    if len(names) != 1:
+        raise SpecError(
+            "status --endpoints/--endpoint: name exactly one cluster (status --endpoints CLUSTER [PORT])"
+        )
+    found = sdk.endpoints(names[0], port)
+    if port is not None:
+        print(found[port])
+        return 0
+    if not found:
+        print(
+            f"No endpoint found for cluster {names[0]!r} (the task set no resources.ports).", file=sys.stderr
+        )
+        return 1
+    for number, address in found.items():
+        print(f"{number}: {address}")
     return 0
 
 

@@ -269,6 +269,7 @@ def _stop_helpers() -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    from airflow_sky.client.cli.check import print_infra_effects
     from airflow_sky.client.cli.common import check_buckets, check_git_workdir
     from airflow_sky.client.cluster_names import generated_cluster_name
     from airflow_sky.client.engine import LaunchOptions
@@ -280,6 +281,7 @@ def _launch(args: argparse.Namespace) -> int:
         return launch_pipeline(args, _run)
     task = task_with_overrides(args)
     infra = _infra(args, task)
+    print_infra_effects(task, infra, args.file)
     if args.dryrun:
         from airflow_sky.client.cli.dryrun import print_plan
 

@@ -165,6 +165,9 @@ class LocalCloud(Cloud):
                 if not _instance_dirs(cluster):
                     shutil.rmtree(layout.cluster_dir(cluster), ignore_errors=True)
                 raise
+            ports = request.resources.ports if request.resources is not None else None
+            if ports:  # every port of a loopback node is reachable: recorded, nothing to open
+                layout.write_json_atomic(layout.ports_path(cluster), {"ports": list(ports)})
         return self.nodes(cluster)
 
     def nodes(self, cluster_name: str) -> list[Node]:
@@ -211,6 +214,9 @@ class LocalCloud(Cloud):
 
     def ssh_private_key(self, cluster_name: str) -> str:
         return str(layout.cluster_key_path(cluster_name))
+
+    def opened_ports(self, cluster_name: str) -> tuple[str, ...]:
+        return tuple((layout.read_json(layout.ports_path(cluster_name)) or {}).get("ports") or ())
 
     def state_store(self, cluster_name: str) -> StateStore:
         return LocalStateStore(layout.state_dir(cluster_name))

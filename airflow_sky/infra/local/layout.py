@@ -5,6 +5,7 @@
       <cluster>/
         cluster.lock
         id_ed25519, id_ed25519.pub  the cluster key pair (clients authenticate with it)
+        ports.json                the task's resources.ports, recorded at provision (`status --endpoints`)
         state/                    the cluster's job state (infra.local.state_store): jobs/<id>.json, ...
         instances/<instance_id>/
           node.json               the instance's tags: rank, ip, port, host key, state
@@ -83,6 +84,10 @@ def state_dir(cluster_name: str) -> Path:
 
 def cluster_key_path(cluster_name: str) -> Path:
     return cluster_dir(cluster_name) / CLUSTER_KEY
+
+
+def ports_path(cluster_name: str) -> Path:
+    return cluster_dir(cluster_name) / "ports.json"
 
 
 def homes_root() -> Path:

@@ -40,6 +40,7 @@ from airflow_sky.infra.state_store import StateStore
 log = logging.getLogger(__name__)
 
 NODES_KEY = "nodes"  # the cluster's membership record in its StateStore
+PORTS_KEY = "ports"  # the task's resources.ports, for `status --endpoints` (nothing is opened on a pool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,9 @@ class SshCloud(PoolHosts, Cloud):
             for r in range(request.num_nodes)
             if r not in current or current[r].status is not NodeStatus.RUNNING
         ]
+        ports = request.resources.ports if request.resources is not None else None
         if not missing:
+            self._record_ports(store, cluster, ports)
             return [current[r] for r in sorted(current)]
         taken = {m.host for m in members.values()}
         acquired: list[tuple[PoolHost, Member]] = []
@@ -105,6 +108,7 @@ class SshCloud(PoolHosts, Cloud):
             old = members.get(rank)
             if old is not None and old.host in {h.label for h in self.pool.hosts}:
                 self._release_quietly(self._host(old.host), old.token)
+        self._record_ports(store, cluster, ports)
         return self.nodes(cluster)
 
     def nodes(self, cluster_name: str) -> list[Node]:
@@ -174,6 +178,10 @@ class SshCloud(PoolHosts, Cloud):
 
     def state_store(self, cluster_name: str) -> StateStore:
         return self._store(cluster_name)
+
+    def opened_ports(self, cluster_name: str) -> tuple[str, ...]:
+        record = self._store(cluster_name).get(PORTS_KEY)
+        return tuple(record.data.get("ports") or ()) if record else ()
 
     def clusters(self) -> list[str]:
         try:
@@ -292,6 +300,15 @@ class SshCloud(PoolHosts, Cloud):
                 )
             )
         return chosen
+
+    def _record_ports(self, store: SshStateStore, cluster: str, ports: Sequence[str] | None) -> None:
+        if not ports:  # a task without ports keeps what an earlier one recorded (as aws and gcp do)
+            return
+        for _ in range(50):  # compare-and-swap, as the membership record
+            record = store.get(PORTS_KEY)
+            if store.put(PORTS_KEY, {"ports": list(ports)}, record.version if record else None) is not None:
+                return
+        raise ClusterError(f"cluster {cluster!r}: could not record its ports (too many concurrent writers)")
 
     def _write_members(self, store: SshStateStore, cluster: str, changes: dict[int, Member]) -> None:
         """Merge `changes` into the membership record (compare-and-swap, re-read on a lost race)."""
