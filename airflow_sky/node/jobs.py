@@ -5,6 +5,7 @@ The job record lives on the node, `~/.airflow_sky/jobs/<job_id>/`:
     gen-<g>/script.sh     the user's script
     gen-<g>/env           `export K=V` lines, mode 0600 (never on a command line), removed once read
     gen-<g>/launch.sh     the wrapper; gen-<g>/pid (= pgid), gen-<g>/log, gen-<g>/exit_code
+    gen-<g>/lib/          airflow_sky.progress for the job's Python, on its PYTHONPATH (node.python_lib)
     xcom/                 $AIRFLOW_SKY_XCOM_DIR: a job writes return.json here
 """
 
@@ -22,6 +23,7 @@ from airflow_sky.node import shell
 from airflow_sky.node.autostop import NodeAutostop, arm_command
 from airflow_sky.node.client import MAX_SMALL_FILE_BYTES, FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.paths import JOBS_DIR
+from airflow_sky.node.python_lib import job_python_files
 from airflow_sky.task import envs
 
 DEFAULT_POLL_BYTES = 1024 * 1024
@@ -66,12 +68,14 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
 
 
 def job_files(script: str, env: Mapping[str, str]) -> bytes:
-    """The tar stream `shell.start_command` unpacks: the script, its env file, the wrapper and a marker."""
+    """The tar stream `shell.start_command` unpacks: the script, its env file, the wrapper, the job's Python
+    helpers and a marker."""
     return _tar(
         {
             "script.sh": (script.encode(), 0o700),
             "env": (envs.env_file_text(env).encode(), 0o600),
             "launch.sh": (shell.launch_script().encode(), 0o700),
+            **{path: (data, 0o600) for path, data in job_python_files().items()},
             # Last: tar takes a stream cut at a member's header for the archive's end, so only this
             # marker on the node tells that every file arrived.
             shell.UNPACKED_MARKER: (b"", 0o600),

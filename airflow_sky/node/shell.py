@@ -12,6 +12,7 @@ import signal
 
 from airflow_sky.node.autostop import TOUCH_ACTIVITY
 from airflow_sky.node.paths import JOBS_DIR, MOUNTS_DIR, WORKDIR
+from airflow_sky.node.python_lib import LIB_DIR
 from airflow_sky.node.shell_reads import READ_SMALL, READ_TIMEOUT_S
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -57,6 +58,9 @@ trap 'true' TERM INT HUP
 rm -f "$d/env"  # secrets at rest: the env file lives only until the job has read it
 export AIRFLOW_SKY_XCOM_DIR="$job/xcom"
 export AIRFLOW_SKY_JOB_DIR="$job"
+# airflow_sky.progress for any Python the job runs (node.python_lib); last, so the job's own paths win.
+export AIRFLOW_SKY_PYTHONPATH="$d/{LIB_DIR}"
+export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}$AIRFLOW_SKY_PYTHONPATH"
 mkdir -p "$HOME/{WORKDIR}" "$AIRFLOW_SKY_XCOM_DIR"
 cd "$HOME/{WORKDIR}"
 bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null

@@ -18,6 +18,13 @@ from model import GPT
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
+try:  # airflow-sky puts airflow_sky.progress on every node's PYTHONPATH; without it, progress is the log alone
+    from airflow_sky.progress import report
+except ImportError:
+
+    def report(step: int, total: int | None = None, **metrics: float) -> bool:
+        return False
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -167,7 +174,12 @@ class Trainer:
                 first_loss = final_loss if first_loss is None else first_loss
                 rate = n / max(time.perf_counter() - t0, 1e-9)
                 log(f"step {self.step}/{cfg.max_steps} loss {final_loss:.4f} ({rate:.1f} steps/s)")
+                tokens = rate * cfg.batch_size * x.shape[1] * self.world_size  # the whole job's tokens/s
+                report(self.step, cfg.max_steps, loss=final_loss, **{"steps/s": rate, "tokens/s": tokens})
                 window, n, t0 = torch.zeros((), device=self.device), 0, time.perf_counter()
+            else:
+                # Every step, for a live step count; the reporter writes at most one line a second.
+                report(self.step, cfg.max_steps)
             if cfg.snapshot_every and (self.step % cfg.snapshot_every == 0 or self.step == cfg.max_steps):
                 self.save_snapshot()
         if first_loss is None or final_loss is None:

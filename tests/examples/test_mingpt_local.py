@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_sky.progress import Report, parse_line
+
 pytest.importorskip("torch")
 
 MAIN = Path(__file__).resolve().parents[2] / "examples" / "mingpt" / "main.py"
@@ -46,6 +48,12 @@ def _rank0_steps(out: str) -> list[tuple[int, float]]:
     return [(int(m[3]), float(m[5])) for m in STEP_LINE.finditer(out) if m[1] == "0"]
 
 
+def _last_reports(out: str) -> dict[int | None, Report]:
+    """Each rank's last progress report (airflow_sky.progress lines)."""
+    reports = [r for r in map(parse_line, out.splitlines()) if r is not None]
+    return {r.rank: r for r in reports}
+
+
 def test_two_process_ddp_trains_snapshots_and_resumes_from_the_saved_step(tmp_path: Path) -> None:
     first = _torchrun(tmp_path, max_steps=30, xcom=tmp_path / "xcom1")
     assert "[rank 0/2] world_size=2 " in first and "[rank 1/2] world_size=2 " in first, first[-3000:]
@@ -56,6 +64,13 @@ def test_two_process_ddp_trains_snapshots_and_resumes_from_the_saved_step(tmp_pa
     snapshot = tmp_path / "gpt_snapshot.pt"  # the default SNAPSHOT_PATH is relative to the cwd
     assert snapshot.is_file()
     assert "resuming from snapshot" not in first
+    # Every rank reports its progress: the last step of the run, with the loss the log line printed.
+    last = _last_reports(first)
+    assert sorted(last, key=str) == [0, 1], first[-3000:]
+    for report in last.values():
+        assert (report.step, report.total) == (30, 30)
+        assert report.metrics["loss"] == pytest.approx(steps[-1][1], abs=1e-4)
+        assert report.metrics["steps/s"] > 0 and report.metrics["tokens/s"] > report.metrics["steps/s"]
     result = json.loads((tmp_path / "xcom1" / "return.json").read_text())
     assert result["steps"] == 30 and result["world_size"] == 2
     assert result["final_loss"] < result["first_loss"]
