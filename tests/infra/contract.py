@@ -15,6 +15,7 @@ import pytest
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, NodeStatus, ProvisionRequest
 from airflow_sky.node.client import NodeClient
+from airflow_sky.task import Resources
 
 
 class CloudContract:
@@ -71,6 +72,17 @@ class CloudContract:
         cloud.terminate(cluster)
         assert cloud.nodes(cluster) == []
         assert self.leftovers(cluster) == []
+
+    def test_opened_ports_are_the_ports_asked_at_provision_and_go_with_the_cluster(
+        self, cloud: Cloud, cluster: str
+    ) -> None:
+        assert cloud.opened_ports(cluster) == ()
+        cloud.provision(ProvisionRequest(cluster, 1, Resources(ports=[6006, "8265"])))
+        assert cloud.opened_ports(cluster) == ("6006", "8265")
+        cloud.provision(ProvisionRequest(cluster, 1))  # no ports asked: the cluster keeps its own
+        assert cloud.opened_ports(cluster) == ("6006", "8265")
+        cloud.terminate(cluster)
+        assert cloud.opened_ports(cluster) == ()
 
     def test_terminate_of_an_unknown_cluster_is_a_no_op(self, cloud: Cloud) -> None:
         cloud.terminate(f"never-existed-{uuid.uuid4().hex[:6]}")
