@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +195,19 @@ def test_a_reader_keeps_a_bounded_tail_of_an_endless_line() -> None:
     assert reader.feed((MARKER + '{"step":9}\n').encode()) == [Report(9)]
     assert reader.feed((MARKER + '{"step":10}').encode()) == []
     assert reader.flush() == [Report(10)]  # the stream ended without a newline
+
+
+def test_the_documented_bash_echo_writes_a_report() -> None:
+    script = 'step=3; LOSS=0.5; echo "@@airflow-sky-progress/1 {\\"step\\":$step,\\"total\\":100,\\"metrics\\":{\\"loss\\":$LOSS}}"'
+    done = subprocess.run(["bash", "-c", script], capture_output=True, timeout=60, check=True)
+    assert parse_line(done.stdout) == Report(3, 100, {"loss": 0.5})
+
+
+def test_every_progress_line_in_the_user_guide_parses() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
+    lines = [line for line in guide.splitlines() if line.startswith(MARKER)]
+    assert len(lines) >= 2
+    assert all(parse_line(line) is not None for line in lines), lines
+    assert (
+        'echo "@@airflow-sky-progress/1 {\\"step\\":$step,\\"total\\":100,' in guide
+    )  # the bash example above
