@@ -3,6 +3,7 @@ loopback address (Cluster.endpoints, `airflow_sky.endpoints`, `airflow-sky statu
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 import urllib.error
@@ -29,6 +30,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callabl
     """Opens local clusters (a fresh sky home, no ssh pools: the SDK finds them on local); each is torn
     down after the test, leaving no process behind."""
     monkeypatch.setenv(HOME_ENV, str(tmp_path / "sky-home"))
+    monkeypatch.setenv("AIRFLOW_HOME", os.environ["AIRFLOW_HOME"])  # the CLI points it at its own home
     monkeypatch.setenv(POOL_FILE_ENV, str(tmp_path / "no-pools.yaml"))
     opened: list[Cluster] = []
 

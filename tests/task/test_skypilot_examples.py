@@ -14,6 +14,7 @@ import pytest
 from airflow_sky import SpecError
 from airflow_sky.client.cli import main
 from airflow_sky.task import SpecWarning, Task
+from airflow_sky.task.resources_effects import NO_EFFECT_FIELDS
 from airflow_sky.task.schema import INERT_RESOURCE_FIELDS, INERT_STORAGE_FIELDS, INERT_TASK_FIELDS
 
 EXAMPLES_DIR = Path(__file__).parent / "skypilot_examples"
@@ -33,6 +34,7 @@ REFUSED = {
 }
 
 _INERT = re.compile(r"parsed but not acted on yet \(kept as written\): (?P<fields>.*)$")
+_NO_EFFECT = re.compile(r": no effect on (?P<infra>[^:]+): (?P<fields>[^(]*) \(")
 
 
 def _relative(path: Path) -> str:
@@ -99,3 +101,8 @@ def test_skypilot_example_through_the_check_command(
     assert out.strip()
     for line in err.splitlines():
         assert line.startswith(("airflow-sky: warning: ", "airflow-sky: note: ")), line
+        effect = _NO_EFFECT.search(line)
+        if effect is not None:  # named with the infra, and only fields that act on aws/gcp but not there
+            assert effect["infra"] == "local", line
+            fields = effect["fields"].split(", ")
+            assert all(f.rsplit(".", 1)[-1] in NO_EFFECT_FIELDS["local"] for f in fields), fields
