@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import operator
 import os
 import sys
@@ -196,11 +195,13 @@ class Reporter:
 def _with_earlier_metrics(report: Report, held: Report) -> Report:
     """`report` with the metrics only the held report it replaces had: a line carries the latest value of
     every metric reported since the last line (a loss logged between two lines is not lost)."""
+    if held.metrics.keys() <= report.metrics.keys():  # the common case, in a hot loop: nothing to add
+        return report
     merged = dict(report.metrics)
     for name, value in held.metrics.items():
         if name not in merged and len(merged) < MAX_METRICS:
             merged[name] = value
-    return dataclasses.replace(report, metrics=merged)
+    return Report(report.step, report.total, merged, report.rank, report.time)
 
 
 def _caller_level() -> int:
