@@ -75,18 +75,25 @@ def node_envs(
     """The env of `phase`'s script on each node, in rank order; node_ips[0] is the head (rank 0). The setup's
     rank, IPs and GPUs have SKYPILOT_SETUP_* names.
 
-    `node_ips` are the internal IPs of the nodes the task runs on; their count is SKYPILOT_NUM_NODES.
+    `node_ips`: for run, the internal IPs of the nodes the task runs on; for setup, of every node of the
+    cluster (setup runs on each, as in SkyPilot). SKYPILOT_NUM_NODES is the task's node count in both: as
+    SkyPilot sets it for setup (task_codegen), the run's size, never a larger cluster's.
     `task_ids`: in a pipeline, every task's SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS, one per line).
     """
     if not node_ips:
         raise ValueError("node_ips is empty: a task runs on at least one node")
+    if phase == "setup" and len(node_ips) < task.num_nodes:
+        raise ValueError(
+            f"node_ips has {len(node_ips)} IPs; setup runs on every node of the cluster, "
+            f"which has at least the task's num_nodes ({task.num_nodes})"
+        )
     if isinstance(num_gpus_per_node, bool) or not isinstance(num_gpus_per_node, int) or num_gpus_per_node < 0:
         raise ValueError(f"num_gpus_per_node must be an integer >= 0, got {num_gpus_per_node!r}")
     prefix = "SKYPILOT_SETUP_" if phase == "setup" else "SKYPILOT_"
     shared = {
         f"{prefix}NODE_IPS": "\n".join(node_ips),
         f"{prefix}NUM_GPUS_PER_NODE": str(num_gpus_per_node),
-        "SKYPILOT_NUM_NODES": str(len(node_ips)),
+        "SKYPILOT_NUM_NODES": str(task.num_nodes if phase == "setup" else len(node_ips)),
         "SKYPILOT_TASK_ID": task_id,
         "SKYPILOT_CLUSTER_INFO": cluster_info_json(cluster),
         "PYTHONUNBUFFERED": "1",

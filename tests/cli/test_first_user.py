@@ -49,6 +49,14 @@ run: |
   if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 600; fi
   echo "done on $SKYPILOT_NODE_RANK"
 """
+# One node of the three: setup runs on all three, and each sees the task's node count, as in SkyPilot.
+ONE_NODE = """\
+name: one
+num_nodes: 1
+setup: |
+  echo "one-node setup rank=$SKYPILOT_SETUP_NODE_RANK nodes=$SKYPILOT_NUM_NODES ips=$(echo "$SKYPILOT_SETUP_NODE_IPS" | wc -l)"
+run: echo "one-node run nodes=$SKYPILOT_NUM_NODES"
+"""
 BAD_SETUP = """\
 name: bad-setup
 num_nodes: 2
@@ -68,6 +76,7 @@ def yamls(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "fails": FAILS,
         "bad_setup": BAD_SETUP,
         "recovers": RECOVERS,
+        "one_node": ONE_NODE,
     }.items():
         (folder / f"{name}.yaml").write_text(text)
     return folder
@@ -102,7 +111,7 @@ def test_launch_and_exec_say_what_they_do_and_never_show_the_secret(
     assert (
         log and "tok-s3cr3t-value" not in log
     )  # nor in the launch's Airflow log (task logs, rendered fields)
-    assert "setup nodes=3 rank=2" in out  # setup's SKYPILOT_NUM_NODES: the nodes it runs on
+    assert "setup nodes=3 rank=2" in out  # setup's SKYPILOT_NUM_NODES: the task's 3 nodes
     assert f"✓ Job 1 on {CLUSTER} SUCCEEDED" in out
     chatty = _cli(cli_env, "exec", kept, str(yamls / "chatty.yaml"))
     assert chatty.returncode == 0, chatty.stdout + chatty.stderr
@@ -233,6 +242,19 @@ def test_a_recovery_is_shown_live_with_every_rank_of_the_new_generation(
     assert "⟳ RECOVER: node of rank 1 lost; relaunching the job as generation 1" in out, out
     assert "up on 1 gen 1" in out and "done on 1" in out and "done on 0" in out, out
     assert "pid=?" not in out
+
+
+def test_setup_of_a_one_node_task_on_the_three_node_cluster_sees_one_node(
+    cli_env: dict[str, str],  # noqa: F811
+    yamls: Path,
+    kept: str,
+) -> None:
+    launched = _cli(cli_env, "launch", "-c", kept, str(yamls / "one_node.yaml"), "-y")
+    out = launched.stdout + launched.stderr
+    assert launched.returncode == 0, out
+    for rank in range(3):
+        assert f"one-node setup rank={rank} nodes=1 ips=3" in out, out
+    assert "one-node run nodes=1" in out, out
 
 
 def test_autostop_then_stop_start_and_down_yes(cli_env: dict[str, str], kept: str) -> None:  # noqa: F811

@@ -106,6 +106,24 @@ def test_five_node_setup_envs_rank_follows_ip_order() -> None:
     assert run[3]["SKYPILOT_NODE_IPS"].splitlines()[3] == "10.0.0.2"
 
 
+def test_setup_on_a_cluster_larger_than_the_task_sees_the_tasks_node_count() -> None:
+    # As SkyPilot: setup runs on every cluster node with the cluster's IPs and ranks, but its
+    # SKYPILOT_NUM_NODES is the task's node count (task_codegen.add_setup), what `run` will see.
+    ips = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    task = Task(run="true", num_nodes=2)
+    envs = setup_envs(task, ips, CLUSTER, TASK_ID, 0)
+    assert [e["SKYPILOT_SETUP_NODE_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["SKYPILOT_SETUP_NODE_IPS"] for e in envs} == {"10.0.0.1\n10.0.0.2\n10.0.0.3"}
+    assert {e["SKYPILOT_NUM_NODES"] for e in envs} == {"2"}
+    run = run_envs(task, ips[:2], CLUSTER, TASK_ID, 0)
+    assert {e["SKYPILOT_NUM_NODES"] for e in run} == {"2"}
+
+
+def test_setup_envs_refuse_fewer_ips_than_the_tasks_nodes() -> None:
+    with pytest.raises(ValueError, match=r"node_ips has 1 IPs.*num_nodes \(2\)"):
+        setup_envs(Task(run="true", num_nodes=2), ["10.0.0.1"], CLUSTER, TASK_ID, 0)
+
+
 @pytest.mark.parametrize(("accelerators", "gpus"), [("A100:0.5", "1"), (None, "0"), ("H100:8", "8")])
 def test_num_gpus_per_node_env_is_the_ceiled_accelerator_count(accelerators: str | None, gpus: str) -> None:
     task = Task(run="true", resources=Resources(accelerators=accelerators))
