@@ -110,7 +110,8 @@ class AwsOwnedNetwork(AwsMembers):
                 self.poll_s,
                 still_used,
             )
-        log.info("aws: %s: removed its %s", cluster, " and ".join(owned.made))
+        removed = [f"placement group {group}" if group else "", f"ports group {ports}" if ports else ""]
+        log.info("aws: %s: removed its %s", cluster, " and ".join(r for r in removed if r))
 
     # ---- what the cluster's nodes see of it (Cloud contract) ----------------------------------------
 
