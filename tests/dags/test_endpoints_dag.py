@@ -1,5 +1,5 @@
 """A DAG reads a job's endpoints: the provision task's `endpoints` XCom (`airflow dags test`, real local
-nodes)."""
+nodes); the provision task's log names the fields that have no effect on its infra."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _dag(cluster: str, probe: str) -> str:
 from airflow.sdk import DAG, task
 from airflow_sky import Resources, Task, sky_job
 
-sky_task = Task(name="ep", num_nodes=2, resources=Resources(ports=[8080, "9000-9001"]), run="echo up")
+sky_task = Task(name="ep", num_nodes=2, resources=Resources(ports=[8080, "9000-9001"], disk_tier="best", labels={{"team": "ml"}}), run="echo up")
 with DAG("endpoints", schedule=None) as dag:
     group = sky_job(sky_task, cluster_name={cluster!r}, down=False)
 
@@ -27,7 +27,7 @@ with DAG("endpoints", schedule=None) as dag:
 """
 
 
-def test_the_provision_task_pushes_each_ports_endpoint_on_the_head_node(run_dag, tmp_path):
+def test_provision_pushes_each_ports_endpoint_on_the_head_and_logs_what_has_no_effect(run_dag, tmp_path):
     probe = tmp_path / "endpoints.json"
     try:
         result = run_dag("endpoints", _dag("ep-dag", str(probe)))
@@ -38,6 +38,7 @@ def test_the_provision_task_pushes_each_ports_endpoint_on_the_head_node(run_dag,
             "9000": f"{head}:9000",
             "9001": f"{head}:9001",
         }
+        assert "ep.provision: no effect on local: resources.disk_tier, resources.labels (" in result.output
     finally:
         LocalCloud().terminate("ep-dag")
     assert daemon.processes_with_marker("ep-dag") == []
