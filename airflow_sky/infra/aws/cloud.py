@@ -5,11 +5,14 @@
 
 1. the key pair (the connection's SSH key), the security group (SSH in from `ssh_cidr`, everything between
    members) and the zone's subnet of the default VPC, each found or created once;
-2. one `run_instances` for all the missing ranks with a ClientToken derived from the request (a retried
-   provision gets the same instances back) and the cluster's tags; rank tags by launch index;
-3. waits, each with a deadline, for `running`, for the host key and for SSH;
-4. a failure after the launch ends what it created. A capacity error (no room, no spot room) moves on to
-   the next placement in the optimizer's order; `retry_until_up` starts the list again, with backoff.
+2. the cluster's own network, recorded in its record (owned_network.py): with `network_tier: best` a
+   cluster placement group and EFA interfaces, with `ports` a security group of exactly those ports;
+3. one `run_instances` for all the missing ranks with a ClientToken derived from the request (a retried
+   provision gets the same instances back) and the cluster's tags; rank tags by launch index (launcher.py);
+4. waits, each with a deadline, for `running`, for the host key and for SSH;
+5. a failure after the launch ends what it created (instances, then the network it made). A capacity
+   error (no room, no spot room) moves on to the next placement in the optimizer's order;
+   `retry_until_up` starts the list again, with backoff.
 
 The skeleton of a provision (stopped nodes, missing ranks, failover, waiting) is infra/provisioner.py's;
 this driver supplies its EC2 primitives. Host keys are pinned from the serial console or at a verified
