@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -88,8 +89,9 @@ def test_a_report_held_at_exit_is_written_at_exit() -> None:
         "report(step=2, total=10, loss=0.4)\n"  # within the default second: held until exit
         "print('training done', flush=True)\n"
     )
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW_SKY_PROGRESS_INTERVAL_S"}  # the default
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
     )
     lines = done.stdout.splitlines()
     assert [(r.step, dict(r.metrics)) for r in map(parse_line, lines) if r is not None] == [
