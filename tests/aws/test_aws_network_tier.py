@@ -22,12 +22,14 @@ from botocore.exceptions import ClientError
 
 from airflow_sky.client.cli import main
 from airflow_sky.errors import ClusterError, SpecError
+from airflow_sky.gang.job import JobHandle
+from airflow_sky.gang.phases import phase_env
 from airflow_sky.infra import optimizer
 from airflow_sky.infra.aws import efa
 from airflow_sky.infra.aws.cloud import AwsCloud
 from airflow_sky.infra.base import ProvisionRequest
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.task import Resources
+from airflow_sky.task import Resources, Task
 from tests.aws.conftest import REGION, boto, live_instances
 from tests.aws.test_aws_contract import MotoAwsCloud, _ThirdNeverAnswers, published_image  # noqa: F401
 from tests.envs import patched_environ
@@ -147,11 +149,17 @@ def test_best_puts_four_a100_nodes_in_one_placement_group_with_all_efa_interface
         for r in group["IpPermissionsEgress"]
     )
 
-    # Any worker reads the NCCL env from the cluster's record: a fresh driver, through the Cluster that
-    # gang/phases.py merges into every rank's setup and run env.
-    env = Cluster(cluster, "aws", MotoAwsCloud(REGION)).network_env()
-    assert env == efa.nccl_env("p4d.24xlarge")
-    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    # Any worker reads the NCCL env from the cluster's record: a fresh driver, through the Cluster whose
+    # env gang/phases.py gives every rank's setup and run (the task's own envs win over it).
+    on_worker = Cluster(cluster, "aws", MotoAwsCloud(REGION))
+    assert on_worker.network_env() == efa.nccl_env("p4d.24xlarge")
+    task = Task.from_dict({"run": "true", "num_nodes": 4, "envs": {"NCCL_SOCKET_IFNAME": "ens32"}})
+    handle = JobHandle(cluster, "aws", 1, "sky-1", tuple(on_worker.nodes()), 4)
+    for rank in range(4):
+        env = phase_env(on_worker, task, handle, "run", rank)
+        assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+        assert env["FI_EFA_FORK_SAFE"] == "1" and env["SKYPILOT_NODE_RANK"] == str(rank)
+        assert env["NCCL_SOCKET_IFNAME"] == "ens32"
 
     cloud.terminate(cluster)
     assert groups[0] == {} and live_instances(moto_endpoint, cluster) == []
