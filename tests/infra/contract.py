@@ -14,6 +14,7 @@ import pytest
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, NodeStatus, ProvisionRequest
+from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node.client import NodeClient
 from airflow_sky.task import Resources
 
@@ -77,8 +78,11 @@ class CloudContract:
         self, cloud: Cloud, cluster: str
     ) -> None:
         assert cloud.opened_ports(cluster) == ()
-        cloud.provision(ProvisionRequest(cluster, 1, Resources(ports=[6006, "8265"])))
+        nodes = cloud.provision(ProvisionRequest(cluster, 1, Resources(ports=[6006, "8265"])))
         assert cloud.opened_ports(cluster) == ("6006", "8265")
+        # What `status --endpoints` prints: each port on the head's reachable (SSH) address.
+        head = nodes[0].ssh_host
+        assert Cluster(cluster, cloud.name, cloud).endpoints() == {6006: f"{head}:6006", 8265: f"{head}:8265"}
         cloud.provision(ProvisionRequest(cluster, 1))  # no ports asked: the cluster keeps its own
         assert cloud.opened_ports(cluster) == ("6006", "8265")
         cloud.terminate(cluster)
