@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
-from airflow_sky.errors import SpecError
+from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra.aws import cluster_network, launch_spec
 from airflow_sky.infra.aws.settings import settings_from_extra
 from airflow_sky.infra.base import ProvisionRequest
@@ -164,3 +165,42 @@ def test_disk_tiers_map_as_skypilot_maps_them() -> None:
     assert launch_spec.disk_spec("medium") == {"VolumeType": "gp3", "Iops": 3500, "Throughput": 218}
     assert launch_spec.disk_spec("ultra") == {"VolumeType": "io2", "Iops": 20000}
     assert launch_spec.disk_spec("best") == launch_spec.disk_spec("ultra")
+
+
+def test_ipv4_and_ipv6_sources_become_one_rule_per_port() -> None:
+    rules = cluster_network.rules_for(["6006", "10000-10010"], ["0.0.0.0/0", "::/0"])
+    assert rules == [
+        {
+            "IpProtocol": "tcp",
+            "FromPort": 6006,
+            "ToPort": 6006,
+            "IpRanges": [{"CidrIp": "0.0.0.0/0"}],
+            "Ipv6Ranges": [{"CidrIpv6": "::/0"}],
+        },
+        {
+            "IpProtocol": "tcp",
+            "FromPort": 10000,
+            "ToPort": 10010,
+            "IpRanges": [{"CidrIp": "0.0.0.0/0"}],
+            "Ipv6Ranges": [{"CidrIpv6": "::/0"}],
+        },
+    ]
+
+
+def test_a_group_is_deleted_once_ec2_lets_go_of_it_and_a_teardown_that_waited_too_long_says_so() -> None:
+    """EC2 refuses to delete a group while the cluster's instances are still ending (moto ends them at
+    once, so EC2's refusals are played here by ClientErrors with EC2's codes)."""
+    answers = ["DependencyViolation", "DependencyViolation", None]
+    calls: list[str | None] = []
+
+    def delete() -> None:
+        code = answers[len(calls)]
+        calls.append(code)
+        if code is not None:
+            raise ClientError({"Error": {"Code": code, "Message": code}}, "DeleteSecurityGroup")
+
+    cluster_network.when_released(delete, "security group sg-1", 60, 0.01, lambda: False)
+    assert calls == ["DependencyViolation", "DependencyViolation", None]
+
+    with pytest.raises(ClusterError, match=r"placement group pg-1 is still in use 0 s after .* again"):
+        cluster_network.when_released(lambda: None, "placement group pg-1", 0, 0.01, lambda: True)
