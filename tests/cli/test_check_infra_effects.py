@@ -69,3 +69,18 @@ def test_on_an_ssh_pool_the_ports_are_not_opened_and_that_is_said(
         "nothing is opened (the pool's own firewall applies)"
     )
     assert len(lines) == 2
+
+
+def test_each_task_of_a_pipeline_is_checked_for_its_own_infra(
+    tmp_path: Path, task_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        "name: p\n---\nname: prep\nresources: {disk_tier: best}\nrun: echo\n"
+        "---\nname: train\nresources: {infra: aws, disk_tier: best}\nrun: echo\n"
+    )
+    lines = [line for line in _check(capsys, str(pipeline)) if "no effect" in line]
+    assert lines == [
+        f"airflow-sky: warning: {pipeline} (prep): no effect on local: resources.disk_tier (local nodes are "
+        "processes on this machine: no disks, tags or network to set)"
+    ]

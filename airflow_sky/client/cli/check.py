@@ -98,6 +98,9 @@ def _check_pipeline(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     for task in pipeline.tasks:
+        print_infra_effects(
+            task, str(args.infra or task.resources.infra or "local"), f"{args.file} ({task.name})"
+        )
         needs = launch_needs(task, f"{args.file} ({task.name})")
         if needs is not None:
             print(f"airflow-sky: note: {needs}", file=sys.stderr)
