@@ -1,6 +1,6 @@
 """Managed jobs as their runs show them: `jobs queue`, `logs` and `cancel` read and steer the runs of the
-deployment's managed jobs DAG through the REST API (a job's status in SkyPilot's words: PENDING, STARTING,
-RUNNING, RECOVERING, SUCCEEDED, FAILED, FAILED_SETUP, FAILED_PRECHECKS, CANCELLED)."""
+deployment's managed jobs DAG through the REST API (a job's status in SkyPilot's words, by the rules of
+gang.job_status from the run's states and the job-state record's mirror)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path, check
 from airflow_sky.client.managed_dag import borrowed_api, dag_get, run_path
 from airflow_sky.dags.managed import JOB_GROUP, MANAGED_DAG_ID
 from airflow_sky.errors import SpecError
+from airflow_sky.gang import job_status
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
 
 CANCEL_NOTE = "Cancelled with `airflow-sky jobs cancel`"
 _ACTIVE = ("running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule", "restarting")
-_STARTING_STEPS = ("spec", "provision", "sync", "setup_follow", "launch")
 _LOG_STEPS = ("setup_follow", "run_follow")
 _ENDED = ("success", "failed", "skipped", "upstream_failed", "removed")
 LOG_POLL_S = 2.0
@@ -31,9 +31,7 @@ class ManagedJob:
 
     job_id: str  # the DAG run id
     name: str
-    status: (
-        str  # SkyPilot's: PENDING, STARTING, RUNNING, RECOVERING, SUCCEEDED, FAILED, FAILED_SETUP, CANCELLED
-    )
+    status: str  # a gang.job_status.ManagedStatus
     recoveries: int
     num_nodes: int | None
     submitted: datetime | None
@@ -62,7 +60,7 @@ def cancel(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG
     with borrowed_api(api) as client:
         run = client.get(run_path(dag_id, job_id))
         if run["state"] in ("success", "failed"):
-            raise SpecError(f"job {job_id} already ended ({_status(client, dag_id, run, [])})")
+            raise SpecError(f"job {job_id} already ended ({_status(run, [])})")
         client.request("PATCH", run_path(dag_id, job_id), json={"state": "failed", "note": CANCEL_NOTE})
 
 
@@ -212,8 +210,8 @@ def _job(
     return ManagedJob(
         job_id=run["dag_run_id"],
         name=str(conf.get("pipeline") or task.get("name") or "-"),
-        status=_status(client, dag_id, run, tis, status_xcom),
-        recoveries=sum(int(x.get("generation", 0)) for x in pushed),
+        status=_status(run, tis, status_xcom),
+        recoveries=sum(job_status.mirrored_recoveries(x) for x in pushed),
         num_nodes=num_nodes if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) else None,
         submitted=_time(run.get("queued_at")) or started,
         duration_s=((ended or datetime.now(UTC)) - started).total_seconds() if started else None,
@@ -222,34 +220,10 @@ def _job(
 
 
 def _status(
-    client: AirflowApi,
-    dag_id: str,
-    run: Mapping[str, Any],
-    tis: list[dict[str, Any]],
-    status_xcom: Mapping[str, Any] | None = None,
-) -> str:
-    state = run.get("state")
-    if run.get("note") == CANCEL_NOTE:
-        return "CANCELLED" if state in ("success", "failed") else "CANCELLING"
-    if state == "queued":
-        return "PENDING"
-    if state == "success":
-        return "SUCCEEDED"
-    if state == "failed":
-        if _any(tis, "setup_follow", ("failed",)):
-            return "FAILED_SETUP"
-        if _any(tis, "spec", ("failed",)):
-            return "FAILED_PRECHECKS"
-        return "FAILED"
-    if status_xcom and status_xcom.get("status") == "RECOVERING":
-        return "RECOVERING"
-    if _any(tis, "launch", ("success",)):
-        return "RUNNING"
-    return "STARTING" if any(_step(t) in _STARTING_STEPS and t.get("state") for t in tis) else "PENDING"
-
-
-def _any(tis: list[dict[str, Any]], step: str, states: tuple[str, ...]) -> bool:
-    return any(_step(t) == step and t.get("state") in states for t in tis)
+    run: Mapping[str, Any], tis: list[dict[str, Any]], status_xcom: Mapping[str, Any] | None = None
+) -> job_status.ManagedStatus:
+    steps = [(_step(t), t.get("state")) for t in tis]
+    return job_status.of_run(run.get("state"), run.get("note") == CANCEL_NOTE, steps, status_xcom)
 
 
 def _job_status_xcom(

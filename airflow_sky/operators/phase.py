@@ -20,6 +20,7 @@ from airflow.sdk import conf
 
 from airflow_sky.gang.gang_job import GangJob, RankFollower, Step, Triage, Wake
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
+from airflow_sky.gang.job_status import ManagedStatus, mirror, of_record
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.gang.state import JobStates
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY, RESULT_XCOM_KEY, SkyBaseOperator
@@ -177,10 +178,10 @@ class SkyFollowOperator(_PhaseOperator):
                 step = self._until_step(context, follower, handle, started, deferred_before)
                 if step.wake is Wake.RELAUNCH:
                     self.log.info("%s", step.reason)
-                    self._push_job_status(context, "RECOVERING", generation)
+                    self._push_job_status(context, ManagedStatus.RECOVERING, generation)  # the claim woke it
                     state = job.relaunch(self.sky_task, generation, owner, self._log)
                     generation, offset = state.generation, 0
-                    self._push_job_status(context, "RUNNING", generation)
+                    self._push_job_status(context, of_record(state), generation)
                     continue
                 follower.release_watch()
                 if step.wake is Wake.FAILED:
@@ -197,10 +198,11 @@ class SkyFollowOperator(_PhaseOperator):
             context["ti"].xcom_push(key=RESULT_XCOM_KEY, value={"rank": rank, "value": value})
             return value
 
-    def _push_job_status(self, context: Any, status: str, generation: int) -> None:
-        """What `airflow-sky jobs queue` reads over the REST API (the job state itself lives with the infra):
-        RECOVERING while a relaunch runs, RUNNING again after it, and the generation (= recoveries so far)."""
-        context["ti"].xcom_push(key=JOB_STATUS_XCOM_KEY, value={"status": status, "generation": generation})
+    def _push_job_status(self, context: Any, status: ManagedStatus, generation: int) -> None:
+        """The record's mirror that `airflow-sky jobs queue` reads over the REST API (the record itself lives
+        with the infra): RECOVERING while a relaunch runs, the record's status after it, and the generation
+        (= recoveries so far)."""
+        context["ti"].xcom_push(key=JOB_STATUS_XCOM_KEY, value=mirror(status, generation))
 
     def _until_step(
         self, context: Any, follower: RankFollower, handle: JobHandle, started: float, deferred_before: bool

@@ -28,6 +28,7 @@ from airflow_sky.gang.job import Phase, nodes_of
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.task import JobRecovery
 from airflow_sky.task.redaction import redactor
+from airflow_sky.triggers.task_states import failed_count
 
 # One thread per trigger in flight at most; past that, our triggers queue among themselves.
 _EXECUTOR = ThreadPoolExecutor(max_workers=64, thread_name_prefix="airflow-sky-trigger")
@@ -173,13 +174,8 @@ class SkyFollowTrigger(BaseTrigger):
         ti = getattr(self, "task_instance", None)
         if ti is None:
             return
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
         self.job.cancel_if_a_sibling_failed(
-            lambda: RuntimeTaskInstance.get_ti_count(
-                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], states=["failed"]
-            ),
-            self.log.warning,
+            lambda: failed_count(ti.dag_id, ti.task_id, ti.run_id), self.log.warning
         )
 
     async def on_kill(self) -> None:

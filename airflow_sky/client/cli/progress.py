@@ -12,6 +12,7 @@ from rich.text import Text
 from airflow_sky.client.cli.exit_summary import exit_code_lines
 from airflow_sky.client.engine import JobOutcome
 from airflow_sky.client.events import Event
+from airflow_sky.gang.job_status import of_launch
 
 _STEP_TITLES = {
     "provision": "Provisioning nodes",
@@ -135,10 +136,5 @@ def print_summary(
 
 def job_status_of(outcome: JobOutcome) -> str:
     """The job's status as `airflow-sky queue` names it, from what the launch saw (the cluster may be gone)."""
-    if outcome.succeeded:
-        return "SUCCEEDED"
-    if any(code not in (0, None) for code in (outcome.exit_codes.get("setup") or {}).values()):
-        return "FAILED_SETUP"
-    if any("cancelled" in failure.lower() for failure in outcome.failures):
-        return "CANCELLED"
-    return "FAILED"
+    setup_codes = outcome.exit_codes.get("setup") or {}
+    return of_launch(outcome.succeeded, setup_codes, outcome.failures).value
