@@ -60,10 +60,12 @@ def _integer(value: object) -> int | None:
 class Reporter:
     """Writes reports as progress lines to `stream` (sys.stdout at each write when None).
 
-    At most one line per `min_interval_s`: a report that comes sooner is held, replaced by the next (which
-    keeps the held one's metrics it does not report itself), and written when the interval has passed, by
-    `flush()`, or at exit; the first report and one that reaches `total` are written at once. Invalid
-    values are dropped with one warning per kind of problem.
+    At most one line per `min_interval_s`: a report that comes sooner is held and written when the
+    interval has passed, by `flush()`, or at exit; the first report and one that reaches `total` are
+    written at once. A held report is replaced by the next one that has metrics (keeping the held
+    metrics it does not report itself); a report of a step alone never replaces held metrics (they would
+    lose their step), so the step shown may lag by one interval. Invalid values are dropped with one
+    warning per kind of problem.
     """
 
     def __init__(
@@ -91,19 +93,29 @@ class Reporter:
             if checked is None:
                 return False
             with self._lock:
-                now = self._clock()
-                if self._held is not None:
-                    checked = _with_earlier_metrics(checked, self._held)
-                finished = checked.total is not None and checked.step >= checked.total
-                if not finished and not self._due(now):
-                    self._held = checked
-                    self._flush_at_exit()
-                    return False
-                self._held, self._last = None, now
-                return self._write(checked)
+                return self._report(checked)
         except Exception as e:  # the training loop comes first
             self._warn("internal", f"airflow_sky.progress: a report failed and was dropped: {e!r}")
             return False
+
+    def _report(self, report: Report) -> bool:
+        now, held = self._clock(), self._held
+        finished = report.total is not None and report.step >= report.total
+        if held is not None and held.metrics and not report.metrics:
+            # A step alone never replaces metrics waiting to be written: they keep the step they had.
+            if not finished and not self._due(now):
+                return False
+            self._held, self._last = None, now
+            self._write(held)
+            return self._write(report) if finished else False
+        if held is not None:
+            report = _with_earlier_metrics(report, held)
+        if not finished and not self._due(now):
+            self._held = report
+            self._flush_at_exit()
+            return False
+        self._held, self._last = None, now
+        return self._write(report)
 
     def due(self) -> bool:
         """Whether a report now would be written at once (a caller can skip costly metrics otherwise)."""

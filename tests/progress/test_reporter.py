@@ -58,7 +58,7 @@ def test_rank_comes_from_torchrun_else_the_node_rank() -> None:
     assert rank_from_env({"RANK": "x"}) is None
 
 
-def test_the_rate_limit_holds_reports_and_writes_the_latest_with_every_metric_seen() -> None:
+def test_the_rate_limit_holds_reports_and_never_loses_a_metric_or_its_step() -> None:
     clock, out = Clock(), io.StringIO()
     reporter = Reporter(min_interval_s=1.0, stream=out, rank=0, clock=clock)
     assert reporter.report(1, 100, loss=4.0)  # the first is written at once
@@ -70,16 +70,18 @@ def test_the_rate_limit_holds_reports_and_writes_the_latest_with_every_metric_se
     assert [r.step for r in _reports(out)] == [1]
     clock.now += 0.5
     assert reporter.due()
-    assert reporter.report(4, 100)  # due: written, with the latest loss and lr
+    # Due: a step alone does not replace the held metrics; they are written with their own step.
+    assert not reporter.report(4, 100)
     written = _reports(out)
-    assert [r.step for r in written] == [1, 4]
-    assert dict(written[-1].metrics) == {"loss": 3.9, "lr": 0.1}
+    assert [(r.step, dict(r.metrics)) for r in written] == [(1, {"loss": 4.0}), (3, {"loss": 3.9, "lr": 0.1})]
     clock.now += 0.1
     assert not reporter.report(5, 100)
     assert reporter.flush() and not reporter.flush()  # the held report, once
     clock.now += 0.1
-    assert reporter.report(100, 100)  # reaching total is written at once
-    assert [r.step for r in _reports(out)] == [1, 4, 5, 100]
+    assert not reporter.report(6, 100, loss=1.0)
+    assert not reporter.report(7, 100)  # held metrics are kept
+    assert reporter.report(100, 100)  # reaching total writes at once: the held metrics first
+    assert [(r.step, dict(r.metrics)) for r in _reports(out)][2:] == [(5, {}), (6, {"loss": 1.0}), (100, {})]
 
 
 def test_a_report_held_at_exit_is_written_at_exit() -> None:
