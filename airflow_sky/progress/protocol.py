@@ -33,6 +33,7 @@ MAX_METRICS = 32
 MAX_STEP = 2**63 - 1
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 _ANY_MARKER = b"@@airflow-sky-progress/"
+_LINE_END = re.compile(rb"[\r\n]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,8 @@ def parse_line(line: str | bytes) -> Report | None:
     at = raw.rfind(_ANY_MARKER)
     if at < 0:
         return None
-    chunk = raw[at:].rstrip(b" \t\r\n")
+    # The report ends its line; a `\r` ends it too (a progress bar may redraw after it on the same line).
+    chunk = _LINE_END.split(raw[at:], maxsplit=1)[0].rstrip(b" \t")
     if len(chunk) > MAX_REPORT_BYTES:
         return None
     text = chunk.decode("utf-8", errors="replace")
@@ -158,7 +160,7 @@ class ReportReader:
 
     def feed(self, data: bytes) -> list[Report]:
         """The reports completed by `data`."""
-        lines = re.split(rb"[\r\n]", self._partial + data)
+        lines = _LINE_END.split(self._partial + data)
         self._partial = lines.pop()[-(MAX_REPORT_BYTES + 1) :]
         if self._skipping and lines:
             lines, self._skipping = lines[1:], False

@@ -36,6 +36,8 @@ GOOD = MARKER + '{"step":12,"total":300,"metrics":{"loss":2.5,"tokens/s":1800},"
         ("[default0]:" + MARKER + '{"step":3}', Report(3)),
         ("\r 45%|████▌     | 45/100 " + MARKER + '{"step":45,"total":100}', Report(45, 100)),
         ("é漢字🙂 " + MARKER + '{"step":3}', Report(3)),  # unicode around it
+        # A progress bar redrawn after the report on the same line (a \r, no \n between).
+        ("\r 4%|# " + MARKER + '{"step":4}\r 5%|## ', Report(4)),
         # Two reports run together on one line (two writers, no newline between): the last one counts.
         (MARKER + '{"step":1}' + MARKER + '{"step":2}', Report(2)),
         # Integral floats are integers (not every language writes 10 as 10); other keys are ignored.
