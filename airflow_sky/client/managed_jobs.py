@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path
+from airflow_sky.client.cluster_names import check_cluster_name
 from airflow_sky.client.jobs_bucket import (
     SETTING,
     JobsBucketConfig,
@@ -73,6 +74,8 @@ def launch(
     :param upload_progress: told how the upload of local files goes (files and bytes).
     """
     tasks, pipeline = _tasks_of(task, env)
+    if cluster_name is not None:
+        cluster_name = check_cluster_name(cluster_name)  # the name the cluster gets, as `launch -c` names it
     for one in tasks:
         if secrets:
             one.update_secrets(secrets)

@@ -118,6 +118,10 @@ class JobSpec:
             raise SpecError(f"{source}: infra: must be a string such as local, ssh/<pool>, aws/<region>")
         if cluster_name is not None and not isinstance(cluster_name, str):
             raise SpecError(f"{source}: cluster_name: must be a string or null")
+        if cluster_name:
+            # A conf may come from the UI or the REST API, where the CLI's normalization
+            # (client.cluster_names) never ran: the name the cluster gets, once, here at the door.
+            cluster_name = sanitize_cluster_name(cluster_name)
         if not isinstance(down, bool):
             raise SpecError(f"{source}: down: must be true or false")
         uploads = conf.get("uploads")
@@ -136,11 +140,9 @@ class JobSpec:
         """Refuse (SpecError naming the field) an infra, cluster or bucket the deployment's `policy` does not
         allow. `task`: this spec's task with its secrets' values (load_task), as its nodes will get it: a
         bucket URI may hold a secret (`s3://team${SUFFIX}`), and the policy judges what is mounted."""
-        # The name the cluster gets (provision sanitizes it): what the patterns must match.
-        cluster = sanitize_cluster_name(self.cluster_name) if self.cluster_name is not None else None
         # What a whole secret reference stood for is known now: a secret's value is no way to a worker path.
         check_no_worker_paths(task.to_dict(), source)
-        check_run_conf(policy, task, self.infra, cluster, self.uploads, source)
+        check_run_conf(policy, task, self.infra, self.cluster_name, self.uploads, source)
 
     def to_run_conf(self) -> dict[str, Any]:
         """The run conf's form: the secrets' names only (their Variables follow from the run id); `uploads`

@@ -16,7 +16,7 @@ from airflow_sky.task.task import Task
 
 @dataclasses.dataclass(frozen=True)
 class LaunchOptions:
-    cluster_name: str
+    cluster_name: str  # normalized (client.cluster_names); "" only in a sky_job DAG: one per DAG run
     infra: str = "local"
     down: bool = True
     setup: bool = True  # False: `exec` and `launch --no-setup`

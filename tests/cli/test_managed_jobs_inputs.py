@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from airflow_sky.client import managed_jobs
 from airflow_sky.client.airflow_api import ApiConfig
+from airflow_sky.errors import SpecError
 from airflow_sky.task import Task
 from airflow_sky.task.pipeline import Pipeline
 
@@ -47,3 +50,16 @@ def test_launch_leaves_the_callers_pipeline_as_it_was(monkeypatch, tmp_path):
     managed_jobs.launch(pipeline, env={"X": "1"}, secrets={"TOKEN": "t0k3n"}, api=api)  # type: ignore[arg-type]
     assert len(api.confs) == 1
     assert [(t.envs, t.secrets) for t in pipeline.tasks] == [({}, {}), ({}, {})]
+
+
+def test_launch_names_the_cluster_as_launch_c_does(monkeypatch, tmp_path):
+    """The one place that normalizes cluster names (client.cluster_names) names a managed job's cluster too:
+    a name SkyPilot accepts becomes the host name label the cluster gets, one it refuses is refused."""
+    monkeypatch.setenv("AIRFLOW_SKY_HOME", str(tmp_path / "sky"))
+    monkeypatch.delenv("AIRFLOW_SKY_JOBS_BUCKET", raising=False)
+    api = FakeApi()
+    managed_jobs.launch(Task("train", run="true"), cluster_name="Dev_Box", api=api)  # type: ignore[arg-type]
+    assert api.confs[0]["cluster_name"] == "dev-box"
+    with pytest.raises(SpecError, match="cluster name '-bad' is invalid"):
+        managed_jobs.launch(Task("train", run="true"), cluster_name="-bad", api=api)  # type: ignore[arg-type]
+    assert len(api.confs) == 1

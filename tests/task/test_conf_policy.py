@@ -229,3 +229,11 @@ def test_a_whole_secret_as_a_source_is_judged_by_the_value_the_run_reads():
     # A reference to something that is not a secret stays what it is: a path on the worker.
     with pytest.raises(SpecError, match=r"task\.file_mounts\./data"):
         JobSpec.from_conf({**conf, "secrets": ["REPO"]}, owner="r")
+
+
+def test_a_confs_cluster_name_is_the_name_the_cluster_gets_once_read():
+    """A conf from the UI or the REST API never went through the CLI's normalization: the spec holds the
+    name provision gives the cluster, which the policy judged."""
+    policy = _policy(managed_infras="aws", managed_cluster_names="team-a-*")
+    spec = _checked(_conf(infra="aws", cluster_name="Team_A_1"), policy)
+    assert spec.cluster_name == "team-a-1"
