@@ -8,6 +8,7 @@ one handed in and never see a driver or the hook.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.ports import port_numbers, ports_to_open
 from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.autostop import NodeAutostop, arm_command, disarm_command
 from airflow_sky.task import Resources
@@ -29,15 +31,6 @@ DEFAULT_AUTOSTOP_CHECK_S = 60.0
 def autostop_check_s() -> float:
     """How often a node's autostop watcher looks (AIRFLOW_SKY_AUTOSTOP_CHECK_S, default 60 s)."""
     return float(os.environ.get(AUTOSTOP_CHECK_ENV, DEFAULT_AUTOSTOP_CHECK_S))
-
-
-def port_numbers(ports: Iterable[str]) -> list[int]:
-    """('8080', '10000-10002') -> [8080, 10000, 10001, 10002]: each port once, in order."""
-    numbers: set[int] = set()
-    for item in ports:
-        lo, _, hi = item.partition("-")
-        numbers.update(range(int(lo), int(hi or lo) + 1))
-    return sorted(numbers)
 
 
 class Cluster:
@@ -62,11 +55,15 @@ class Cluster:
         """Bring the cluster to at least `num_nodes` running nodes; an existing larger cluster is kept."""
         existing = self.cloud.nodes(self.name)
         running = [n for n in existing if n.status is NodeStatus.RUNNING]
-        ports = resources.ports if resources is not None else None
-        # A cluster that is up is reused as it is, unless the task asks for other ports (the infra then
-        # makes its rules exactly those).
-        ports_change = bool(ports and existing) and tuple(ports or ()) != self.opened_ports()
-        if len(existing) >= num_nodes and len(running) == len(existing) and not ports_change:
+        # A cluster that is up is reused as it is, unless the task asks for ports it has not opened: the
+        # infra is then asked for them and the ones it has (it opens exactly the ports of its request).
+        ports = None
+        if existing and resources is not None and resources.ports:
+            ports = ports_to_open(self.opened_ports(), resources.ports)
+            if ports is not None:
+                resources = copy.copy(resources)
+                resources.ports = ports
+        if len(existing) >= num_nodes and len(running) == len(existing) and ports is None:
             return existing
         request = ProvisionRequest(
             self.name,

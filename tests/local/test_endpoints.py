@@ -16,7 +16,7 @@ import pytest
 import airflow_sky
 from airflow_sky.client.cli import main
 from airflow_sky.errors import ClusterError
-from airflow_sky.infra.cluster import Cluster, port_numbers
+from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.home import HOME_ENV
 from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.cloud import LocalCloud
@@ -118,18 +118,14 @@ def test_a_cluster_without_ports_has_no_endpoints(
     assert "No endpoint found for cluster 'ep-none'" in capsys.readouterr().err
 
 
-def test_a_task_with_other_ports_on_a_running_cluster_changes_them_on_the_same_nodes(
+def test_a_task_with_more_ports_on_a_running_cluster_adds_them_on_the_same_nodes(
     cluster: Callable[[str], Cluster],
 ) -> None:
     ep = cluster("ep-reuse")
     first = ep.provision(2, Resources(ports=[8080]))
-    again = ep.provision(2, Resources(ports=[6006, 8265]))
+    again = ep.provision(2, Resources(ports=[6006, 8081]))
     assert [n.instance_id for n in again] == [n.instance_id for n in first]
-    assert ep.opened_ports() == ("6006", "8265")
+    assert ep.opened_ports() == ("6006", "8080-8081")  # as SkyPilot: the union, nothing closed
     ep.provision(2, Resources(cpus=1))  # a task without ports keeps the cluster's
-    assert ep.opened_ports() == ("6006", "8265")
-
-
-def test_port_ranges_are_expanded_once_each_in_order() -> None:
-    assert port_numbers(["8080", "10-12", "11", "22"]) == [10, 11, 12, 22, 8080]
-    assert port_numbers([]) == []
+    ep.provision(2, Resources(ports=[8080]))  # nor does one asking fewer close any
+    assert ep.opened_ports() == ("6006", "8080-8081")
