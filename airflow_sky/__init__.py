@@ -25,6 +25,7 @@ _LAZY = {
     "launch": "airflow_sky.client.sdk",
     "exec": "airflow_sky.client.sdk",
     "tail_logs": "airflow_sky.client.sdk",
+    "tail_provision_logs": "airflow_sky.client.sdk",
     "job_status": "airflow_sky.client.sdk",
     "queue": "airflow_sky.client.sdk",
     "cancel": "airflow_sky.client.sdk",

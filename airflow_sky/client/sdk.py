@@ -24,7 +24,15 @@ from airflow_sky.client.cluster_names import (
 )
 from airflow_sky.client.engine import JobOutcome, Launch, LaunchOptions, bind_private_home
 from airflow_sky.client.events import Event
-from airflow_sky.client.sdk_jobs import cancel, download_logs, job_status, logs_dir, queue, tail_logs
+from airflow_sky.client.sdk_jobs import (
+    cancel,
+    download_logs,
+    job_status,
+    logs_dir,
+    queue,
+    tail_logs,
+    tail_provision_logs,
+)
 from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.task import Task
@@ -53,6 +61,7 @@ __all__ = [
     "status",
     "stop",
     "tail_logs",
+    "tail_provision_logs",
 ]
 
 # ---- which infra a cluster lives on (a lookup hint; the infra itself is the source of truth) -------------

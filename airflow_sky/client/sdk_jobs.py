@@ -53,6 +53,46 @@ def tail_logs(
     return 0 if record.get("status") == JobStatus.SUCCEEDED else 1
 
 
+def tail_provision_logs(
+    cluster_name: str,
+    worker: int | None = None,
+    follow: bool = True,
+    tail: int = 0,
+    output: TextIO | None = None,
+) -> int:
+    """Print the cluster's provision log, as SkyPilot's `sky.tail_provision_logs`: what its latest
+    provisioning did (infra/provision_log.py), following it while that provisioning runs. `worker` (>= 1):
+    only that node's lines. `tail` > 0: the last `tail` lines first. Returns 0."""
+    from airflow_sky.infra import provision_log
+
+    if worker is not None and worker < 1:
+        raise ClusterError(
+            f"--worker: must be a positive integer (a worker's rank; the head's is in the whole log), got {worker}"
+        )
+    cluster = cluster_of(cluster_name)
+    if worker is not None:
+        ranks = sorted(n.rank for n in cluster.nodes())
+        if not ranks:
+            raise ClusterError(f"cluster {cluster_name!r} does not exist on {cluster.infra}")
+        if worker not in ranks:
+            workers = ", ".join(map(str, ranks[1:])) or "none, it has only its head"
+            raise ClusterError(f"cluster {cluster_name!r} has no worker {worker} (its workers: {workers})")
+    out = output or sys.stdout
+    store = cluster.state_store()
+
+    def emit(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    if provision_log.show(store, emit, worker=worker, follow=follow, tail=tail) is None:
+        if not cluster.nodes():
+            raise ClusterError(f"cluster {cluster_name!r} does not exist on {cluster.infra}")
+        raise ClusterError(
+            f"cluster {cluster_name!r} has no provision log: the launches since airflow-sky keeps one only "
+            "reused its nodes; the next launch that creates or restarts nodes writes it"
+        )
+    return 0
+
+
 def logs_dir() -> Path:
     """Where `download_logs` writes: ~/sky_logs, as SkyPilot's `sky logs --sync-down`."""
     return Path(os.path.expanduser("~/sky_logs"))

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from airflow_sky.errors import ClusterError
+from airflow_sky.infra import provision_log
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.ports import port_numbers, ports_to_open
 from airflow_sky.infra.state_store import StateStore
@@ -72,7 +73,7 @@ class Cluster:
             job_name=job_name,
             retry_until_up=retry_until_up,
         )
-        return self.cloud.provision(request)
+        return provision_log.provisioned(self.state_store(), request, existing, self.cloud.provision)
 
     def nodes(self) -> list[Node]:
         """Every node of the cluster, ordered by rank, with its current status (no side effects)."""

@@ -159,6 +159,44 @@ def test_logs_tail_sync_down_and_a_closed_pipe(
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err
 
 
+def _texts(output: str) -> list[str]:
+    """Provision log lines without their date and time."""
+    return [line.split(" ", 2)[2] for line in output.splitlines()]
+
+
+def test_logs_provision_shows_the_clusters_provisioning_and_one_workers_lines(
+    cli_env: dict[str, str],  # noqa: F811
+    kept: str,
+) -> None:
+    whole = _cli(cli_env, "logs", kept, "--provision", "--no-follow")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    text = _texts(whole.stdout)
+    assert text[0] == f"Provisioning cluster {kept}: 3 node(s) (0 existing, 0 of them running)", text
+    assert [t.split(":")[0] for t in text if t.startswith("rank ")] == [
+        "rank 0 (head)",
+        "rank 1 (worker1)",
+        "rank 2 (worker2)",
+    ], text
+    assert text[-1].startswith("provisioned in "), text
+    worker = _cli(cli_env, "logs", kept, "--provision", "-w", "2", "--no-follow")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert [t.split(":")[0] for t in _texts(worker.stdout)] == ["rank 2 (worker2)"], worker.stdout
+    # Followed (the default), it ends at once: that provisioning is over (later launches reused the nodes).
+    followed = _cli(cli_env, "logs", kept, "--provision", "--tail", "1")
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert [t.split(" ")[0] for t in _texts(followed.stdout)] == ["provisioned"], followed.stdout
+    refused = {
+        ("--provision", "--worker", "5"): f"cluster {kept!r} has no worker 5 (its workers: 1, 2)",
+        ("--provision", "--worker", "0"): "--worker: must be a positive integer",
+        ("2", "--worker", "1"): "--worker can only be used with --provision",
+        ("2", "--provision"): "--provision cannot be combined with a job id",
+    }
+    for extra, message in refused.items():
+        result = _cli(cli_env, "logs", kept, *extra)
+        assert result.returncode != 0 and message in result.stderr, (extra, result.stdout + result.stderr)
+        assert "Traceback" not in result.stderr and result.stdout == "", (extra, result.stdout)
+
+
 def test_failures_show_their_status_rank_and_exit_code(
     cli_env: dict[str, str],  # noqa: F811
     yamls: Path,

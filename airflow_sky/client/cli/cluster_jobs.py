@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="start with the last N lines of each node's log (default 0: all of it)",
+        help="start with the last N lines of each node's log, or of the provision log (default 0: all of it)",
     )
     logs.add_argument(
         "-s",
@@ -41,6 +41,19 @@ def register(subparsers: Any) -> None:
     )
     logs.add_argument(
         "--status", action="store_true", help="print the job's status only; exit 0 only if it SUCCEEDED"
+    )
+    logs.add_argument(
+        "--provision",
+        action="store_true",
+        help="print the cluster's provision log (what its latest provisioning did: the infra's lines, then "
+        "one line per node), following it while that provisioning runs; no job id (as sky logs --provision)",
+    )
+    logs.add_argument(
+        "-w",
+        "--worker",
+        type=int,
+        metavar="N",
+        help="with --provision: only worker N's lines (N >= 1; without it, the whole log, head included)",
     )
     logs.set_defaults(handler=_logs)
 
@@ -151,6 +164,22 @@ def _logs(args: argparse.Namespace) -> int:
         raise SpecError(f"--tail: must be >= 0, got {args.tail}")
     if args.sync_down and args.status:
         raise SpecError("--sync-down and --status cannot be combined (ambiguous); give one of them")
+    if args.worker is not None and not args.provision:
+        raise SpecError("--worker can only be used with --provision (as in sky logs)")
+    if args.provision:
+        if args.job_id is not None or args.sync_down or args.status:
+            raise SpecError("--provision cannot be combined with a job id, --sync-down or --status")
+        if args.worker is not None and args.worker < 1:
+            raise SpecError(
+                f"--worker: must be a positive integer (the head's lines are in --provision alone), got {args.worker}"
+            )
+        return sdk.tail_provision_logs(
+            args.cluster,
+            args.worker,
+            follow=not args.no_follow,
+            tail=args.tail,
+            output=cast(TextIO, PipeSafeOutput(sys.stdout)),
+        )
     if args.status:
         statuses = sdk.job_status(args.cluster, [args.job_id] if args.job_id is not None else None)
         job_id, status = next(iter(statuses.items()))
