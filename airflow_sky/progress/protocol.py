@@ -12,8 +12,8 @@ The marker names the format's version; the rest of the line is one JSON object:
     rank     optional, an integer >= 0 (the process's global rank, e.g. torchrun's RANK)
     time     optional, the report's Unix time in seconds
 Other keys are ignored (later v1 writers may add some). Text before the marker on the same line is ignored
-(a logger's timestamp, torchrun's `[default0]:`, a progress bar's `\\r` fragment), so the report is always
-the line's end, and at most MAX_REPORT_BYTES long from the marker. A line whose step is missing or invalid
+(a logger's timestamp, torchrun's `[default0]:`, a progress bar's `\\r` fragment); the report runs from
+the marker to the end of its line or to a `\\r`, at most MAX_REPORT_BYTES. A line whose step is missing or invalid
 is no report; an invalid metric, total, rank or time is dropped alone (a NaN loss must not hide the step).
 """
 

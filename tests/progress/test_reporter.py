@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import io
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -245,3 +247,36 @@ def test_every_module_of_the_package_imports_only_the_standard_library_and_itsel
                     or top == "__future__"
                     or top in sys.stdlib_module_names
                 ), f"{path.name} imports {name}"
+
+
+def test_a_child_forked_while_another_thread_reports_can_report(tmp_path: Path) -> None:
+    # A DataLoader worker is forked from a process whose other threads may hold the reporter's lock then.
+    out = tmp_path / "child.log"
+    reporter = Reporter(min_interval_s=0, stream=io.StringIO(), rank=0)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with reporter._lock:
+            holding.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert holding.wait(60)
+    pid = os.fork()
+    if pid == 0:  # the child: the lock's holder does not exist here
+        with open(out, "w") as stream:
+            reporter._stream = stream
+            reporter.report(1, 2, loss=0.5)
+        os._exit(0)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 60
+    while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child deadlocked on the reporter's lock")
+    assert os.waitstatus_to_exitcode(waited[1]) == 0
+    assert parse_line(out.read_text()) == Report(1, 2, {"loss": 0.5}, 0, parse_line(out.read_text()).time)
