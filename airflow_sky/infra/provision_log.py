@@ -143,11 +143,17 @@ class ProvisionLog:
 
 
 class _Capture(logging.Handler):
+    """The infra's log lines of the provisioning thread only: another cluster provisioning in the same
+    process at the same time (a worker running two tasks) logs under the same logger."""
+
     def __init__(self, target: ProvisionLog) -> None:
         super().__init__(logging.INFO)
         self.target = target
+        self.thread = threading.get_ident()
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self.thread:
+            return
         level = "" if record.levelno == logging.INFO else f"{record.levelname} "
         self.target.add(stamp(f"{level}{record.getMessage()}", record.created))
         self.target.flush()

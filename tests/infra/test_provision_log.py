@@ -168,3 +168,19 @@ def test_a_line_held_back_by_the_write_interval_is_written_without_waiting_for_a
             time.sleep(0.05)
         record = provision_log.read(store)
         assert record is not None and record["ended"] is False  # written while the provisioning still ran
+
+
+def test_lines_another_thread_logs_meanwhile_stay_out_of_the_log(store: LocalStateStore) -> None:
+    def other_cluster() -> None:
+        DRIVER.info("fake: other-cluster: launching 8 x p5.48xlarge")
+
+    def provision(request: ProvisionRequest) -> list[Node]:
+        neighbour = threading.Thread(target=other_cluster)
+        neighbour.start()
+        neighbour.join(120)
+        DRIVER.info("fake: mine: launching 1 x m5.large")
+        return [_node(0)]
+
+    provision_log.provisioned(store, ProvisionRequest("mine", 1), [], provision)
+    text = " | ".join(_shown(store))
+    assert "mine: launching" in text and "other-cluster" not in text, text
