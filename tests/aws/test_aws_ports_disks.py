@@ -18,6 +18,7 @@ from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra.aws import cluster_network, launch_spec
 from airflow_sky.infra.aws.settings import settings_from_extra
 from airflow_sky.infra.base import ProvisionRequest
+from airflow_sky.infra.cluster import Cluster
 from airflow_sky.task import Resources
 from tests.aws.conftest import REGION, boto, live_instances
 from tests.aws.test_aws_contract import MotoAwsCloud, published_image  # noqa: F401 - module fixture
@@ -204,3 +205,21 @@ def test_a_group_is_deleted_once_ec2_lets_go_of_it_and_a_teardown_that_waited_to
 
     with pytest.raises(ClusterError, match=r"placement group pg-1 is still in use 0 s after .* again"):
         cluster_network.when_released(lambda: None, "placement group pg-1", 0, 0.01, lambda: True)
+
+
+def test_a_reused_cluster_asked_for_more_ports_opens_them_on_the_nodes_it_has(
+    moto_endpoint: str, cluster: str
+) -> None:
+    cloud = MotoAwsCloud(REGION)
+    (node,) = Cluster(cluster, "aws", cloud).provision(1, M6I)
+    assert _ports_group(moto_endpoint, cluster) == []  # no ports asked: no group
+
+    # A later launch onto it asks ports: nothing is launched, the running node gets them.
+    Cluster(cluster, "aws", cloud).provision(1, M6I.copy(ports=[6006]))
+    Cluster(cluster, "aws", cloud).provision(1, M6I.copy(ports=[8265]))  # more: the union (SkyPilot's rule)
+    (instance,) = _instances(moto_endpoint, cluster)
+    assert instance["InstanceId"] == node.instance_id
+    (group,) = _ports_group(moto_endpoint, cluster)
+    assert _opened(group) == [("tcp", 6006, 6006, ["0.0.0.0/0"]), ("tcp", 8265, 8265, ["0.0.0.0/0"])]
+    assert group["GroupId"] in _groups_of(instance)
+    assert MotoAwsCloud(REGION).opened_ports(cluster) == ("6006", "8265")

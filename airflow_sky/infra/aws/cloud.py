@@ -83,7 +83,11 @@ class AwsCloud(AwsLauncher):
         return provisioner.allowed_placements("aws", candidates, self.settings.regions, "fits the resources")
 
     def provision(self, request: ProvisionRequest) -> list[Node]:
-        return provisioner.provision(self, request)
+        nodes = provisioner.provision(self, request)
+        if request.resources is not None and request.resources.ports:
+            # Nodes that were up already get the ports asked too (a launch made its own ones with them).
+            self._open_ports_on_nodes(request.cluster_name, request.resources)
+        return nodes
 
     # ---- the provisioner's primitives (provisioner.VmDriver) -----------------------------------------
 

@@ -120,6 +120,18 @@ def ensure_ports_group(
     return group_id, made
 
 
+def attach_group(ec2: Any, instance_id: str, group_id: str) -> None:
+    """Add `group_id` to the instance's primary interface (device 0) unless it is there already."""
+    for reservation in ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]:
+        for instance in reservation["Instances"]:
+            for nic in instance.get("NetworkInterfaces", []):
+                groups = [g["GroupId"] for g in nic.get("Groups", [])]
+                if nic.get("Attachment", {}).get("DeviceIndex") == 0 and group_id not in groups:
+                    ec2.modify_network_interface_attribute(
+                        NetworkInterfaceId=nic["NetworkInterfaceId"], Groups=[*groups, group_id]
+                    )
+
+
 def close_ports(ec2: Any, group_id: str) -> None:
     """Revoke every rule of the ports group at once (the nodes may take minutes to end)."""
     try:

@@ -113,6 +113,26 @@ class AwsOwnedNetwork(AwsMembers):
         removed = [f"placement group {group}" if group else "", f"ports group {ports}" if ports else ""]
         log.info("aws: %s: removed its %s", cluster, " and ".join(r for r in removed if r))
 
+    def _open_ports_on_nodes(self, cluster: str, resources: Resources) -> None:
+        """A cluster that was up asks more ports (Cluster.provision passes the union): its ports group gets
+        exactly those, and every live node's primary interface that lacks the group gets it."""
+        if not resources.ports:
+            return
+        data = self._record(cluster) or {}
+        region = data.get("region")
+        if region is None:
+            return
+        ec2 = self._client("ec2", region)
+        group, _ = cluster_network.ensure_ports_group(
+            ec2, network.default_vpc(ec2, region), cluster, resources.ports, self.settings.port_sources
+        )
+        self._update_record(
+            cluster, {"ports": list(resources.ports), "ports_group": group}, "the cluster's ports"
+        )
+        for m in self._members(cluster, region):
+            if m.state in ("pending", "running", "stopped") and not m.ended:
+                cluster_network.attach_group(ec2, m.instance_id, group)
+
     # ---- what the cluster's nodes see of it (Cloud contract) ----------------------------------------
 
     def network_env(self, cluster_name: str) -> dict[str, str]:
