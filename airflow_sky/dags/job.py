@@ -118,25 +118,22 @@ def sky_job(
     Every other step has a deadline of its own (STEP_TIMEOUTS): provisioning, syncing, starting, collecting
     and tearing down never wait forever.
     """
-    given = {
-        name
-        for name, value in (
-            ("task", task),
-            ("cluster_name", cluster_name),
-            ("infra", infra),
-            ("down", down),
-            ("env_overrides", env_overrides),
-            ("setup", setup),
-            ("must_exist", must_exist),
-            ("retry_until_up", retry_until_up),
-            ("follow_run", follow_run),
-            ("pipeline", pipeline),
-        )
-        if value is not None
+    # The keywords a launch description replaces, as job_launch takes them.
+    described: dict[str, Any] = {
+        "cluster_name": cluster_name,
+        "infra": infra,
+        "down": down,
+        "env_overrides": env_overrides,
+        "setup": setup,
+        "must_exist": must_exist,
+        "retry_until_up": retry_until_up,
+        "follow_run": follow_run,
+        "pipeline": pipeline,
     }
+    given = sorted(name for name, value in {"task": task, **described}.items() if value is not None)
     if launch is not None and given:
         raise SpecError(
-            f"sky_job: launch= already describes the task and its options; {', '.join(sorted(given))} "
+            f"sky_job: launch= already describes the task and its options; {', '.join(given)} "
             "cannot be given with it (pass either a launch or the task and its keywords)"
         )
     job: Task | XComArg
@@ -145,18 +142,7 @@ def sky_job(
     elif task is None:
         raise SpecError("sky_job: give the task (a Task, a task YAML's path, an XComArg) or launch=")
     else:
-        job, options = job_launch(
-            task,
-            cluster_name=cluster_name,
-            infra=infra,
-            down=down,
-            env_overrides=env_overrides,
-            setup=setup,
-            must_exist=must_exist,
-            retry_until_up=retry_until_up,
-            follow_run=follow_run,
-            pipeline=pipeline,
-        )
+        job, options = job_launch(task, **described)
     if not options.follow and options.down:
         raise SpecError(
             "down=True needs follow_run=True: the cluster would be torn down under the running job"

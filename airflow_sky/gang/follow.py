@@ -17,10 +17,11 @@ import dataclasses
 import enum
 import time
 from collections.abc import Callable
+from typing import Any
 
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang import state as js
-from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase
+from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase, remote_job_id
 from airflow_sky.gang.watcher import PhaseWatch
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.jobs import JobPoll
@@ -30,6 +31,19 @@ STATE_INTERVAL_S = 1.0  # how often a follower reads the job state (and, holding
 # How often a follow (task or trigger) asks Airflow whether a sibling was failed from outside (marked failed
 # in the UI before it got going, so its on_kill had nothing to cancel): such a job is cancelled.
 SIBLING_CHECK_S = 10.0
+
+
+def phase_tail(
+    client: NodeClient,
+    job_id: int,
+    phase: Phase,
+    generation: int,
+    emit: Callable[[str], None],
+    **options: Any,
+) -> LogTail:
+    """A reader of one node's log of a job's `phase` (options: see node.log_tail.LogTail): the one place a
+    phase's log is opened (the follower, the job object and a relaunch's setup on a replacement)."""
+    return LogTail(client, remote_job_id(job_id, phase), generation, phase == "setup", emit, **options)
 
 
 def read_to_end(
@@ -84,11 +98,11 @@ class RankFollower:
         self.redact = redact
         self.state_interval_s = state_interval_s
         self.own: NodeClient = watcher.cluster.client(watcher.nodes[rank], conn_retry_attempts=1)
-        self.tail = LogTail(
+        self.tail = phase_tail(
             self.own,
-            watcher.remote_job,
+            self.job_id,
+            self.phase,
             self.generation,
-            self.phase == "setup",
             emit,
             offset=start_offset,
             keep=keep_tail,

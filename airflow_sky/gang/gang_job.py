@@ -21,7 +21,7 @@ from typing import Any
 from airflow_sky.errors import ClusterError
 from airflow_sky.gang import job_queue
 from airflow_sky.gang import state as js
-from airflow_sky.gang.follow import RankFollower, Step, Wake
+from airflow_sky.gang.follow import RankFollower, Step, Wake, phase_tail
 from airflow_sky.gang.job import PHASES, JobHandle, JobStatus, Phase, remote_job_id
 from airflow_sky.gang.phases import (
     StartResult,
@@ -253,7 +253,7 @@ class GangJob:
         self, client: NodeClient, phase: Phase, generation: int, emit: Callable[[str], None], **options: Any
     ) -> LogTail:
         """A reader of `client`'s node's log of `phase` (see node.log_tail.LogTail for the options)."""
-        return LogTail(client, self.remote_id(phase), generation, phase == "setup", emit, **options)
+        return phase_tail(client, self.job_id, phase, generation, emit, **options)
 
     def read_result(self, client: NodeClient, redact: Callable[[str], str] = str) -> Any:
         return read_result(client, self.handle, redact)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from airflow_sky.errors import ClusterError, JobFailed, RemoteError
 from airflow_sky.gang import state as js
-from airflow_sky.gang.follow import read_to_end
+from airflow_sky.gang.follow import phase_tail, read_to_end
 from airflow_sky.gang.job import JobHandle, JobStatus
 from airflow_sky.gang.lease import LeaseObserver
 from airflow_sky.gang.phases import BUCKETS_INFO_KEY, start_script
@@ -36,7 +36,6 @@ from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node.buckets import plan_from_record
 from airflow_sky.node.files import upload_task_files
-from airflow_sky.node.log_tail import LogTail
 from airflow_sky.task import Task
 
 _SETUP_TIMEOUT_S = 3600.0
@@ -290,7 +289,7 @@ def _run_setup(
     """Run the task's setup on a replacement node, streaming its log; a failure ends the job as FAILED_SETUP."""
     with cluster.client(node) as client:
         start_script(client, cluster, task, handle, "setup")
-        tail = LogTail(client, handle.remote_job_id("setup"), handle.generation, setup=True, emit=log)
+        tail = phase_tail(client, handle.job_id, "setup", handle.generation, log)
         poll = read_to_end(tail, deadline=time.monotonic() + _SETUP_TIMEOUT_S)
     if poll is not None:
         if poll.exit_code == 0:
