@@ -283,10 +283,8 @@ def job_launch(
     else:
         if not isinstance(task, Task):
             job = Task.from_yaml(resolve_task_path(task), env_overrides=env_overrides)
-        else:
-            job = (
-                task.with_envs(env_overrides) if env_overrides else task
-            )  # the caller's Task stays as it was
+        else:  # the overrides go to a copy: the caller's Task stays as it was
+            job = task.with_envs(env_overrides) if env_overrides else task
         infra = infra or job.resources.infra or "local"
     options = LaunchOptions(
         cluster_name=cluster_name or "",
