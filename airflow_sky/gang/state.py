@@ -215,6 +215,7 @@ def relaunched(
         "action": (Action.RECOVER if recovered else claim.action).value,
         "reason": claim.reason,
         "replaced_ranks": replaced_ranks,
+        "claimed_at": claim.claimed_at,  # when the fault was seen: a recovery's cost counts from it
         "at": now,
     }
     return dataclasses.replace(
