@@ -32,6 +32,7 @@ from airflow_sky.gang.phases import (
     start_rank,
     start_ranks,
 )
+from airflow_sky.gang.progress_store import ProgressRecords
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.gang.state_record import current_handle
 from airflow_sky.gang.watcher import (
@@ -89,6 +90,13 @@ class GangJob:
 
     def require(self) -> js.JobState:
         return self.states.require(self.job_id)
+
+    def progress(self, with_history: bool = True) -> dict[str, Any] | None:
+        """The job's progress document (gang.job_progress.summarize), read now; None when it has no record."""
+        state = self.state()
+        if state is None:
+            return None
+        return ProgressRecords(self.states.store).summary(state, with_history=with_history)
 
     def current(self) -> JobHandle:
         """The handle moved to the job's current generation and nodes (a recovery may have replaced some)."""

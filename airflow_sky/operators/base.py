@@ -24,6 +24,8 @@ NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['interna
 
 
 RESULT_XCOM_KEY = "result"  # every run follow task's {"rank": r, "value": its return.json or None}
+# The job's final progress (gang.job_progress.final_metrics: step, total, metrics per rank, recoveries).
+PROGRESS_XCOM_KEY = "progress"
 JOB_STATUS_XCOM_KEY = "job_status"  # a run follow task's {"status": RECOVERING | RUNNING, "generation": g}
 
 
