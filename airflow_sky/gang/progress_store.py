@@ -90,6 +90,7 @@ class ProgressCollector:
         self._loaded = False
         self._pending: list[Report] = []
         self._next_write = 0.0
+        self._replayed_to: int | None = None
 
     @property
     def latest(self) -> RankProgress | None:
@@ -111,8 +112,13 @@ class ProgressCollector:
             if not self._loaded:
                 self._progress = self.records.read(self.job_id, self.rank)  # a relaunch goes on with it
                 self._loaded = True
+                self._replayed_to = _recorded_step(self._progress, self.generation)
             progress = self._progress
             for report in self._pending:
+                if self._replayed_to is not None:
+                    if report.step <= self._replayed_to:
+                        continue  # a retried follow re-reads the log from its start: counted already
+                    self._replayed_to = None
                 progress = with_report(progress, self.rank, self.generation, report, now) or progress
             if progress is not None and progress != self._progress:
                 self.records.write(self.job_id, progress)
@@ -126,3 +132,9 @@ class ProgressCollector:
             log.warning("progress of job %s rank %s not written: %s", self.job_id, self.rank, error)
             self._next_write = now + self.interval_s
             return False
+
+
+def _recorded_step(progress: RankProgress | None, generation: int) -> int | None:
+    """The step the record already holds for `generation`: a follower starting over (a retried task reads
+    the log from 0) skips the reports up to it, so no step is counted twice."""
+    return progress.step if progress is not None and progress.generation == generation else None

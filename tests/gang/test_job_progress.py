@@ -139,6 +139,21 @@ def test_the_collector_writes_at_most_once_per_interval_and_goes_on_with_the_sto
     assert sorted(records.read_all(7)) == [1]
 
 
+def test_a_follower_that_reads_the_log_again_from_its_start_counts_no_step_twice(tmp_path: Path) -> None:
+    records = ps.ProgressRecords(LocalStateStore(tmp_path / "state"))
+    first = ps.ProgressCollector(records, 3, 0, 0)
+    for step in (1, 2, 3):
+        first.add(Report(step, 5, {"loss": float(step)}, None, 100.0 + step))
+    assert first.flush(force=True) is True
+    retried = ps.ProgressCollector(records, 3, 0, 0)  # a retried follow task: offset 0, same generation
+    for step in (1, 2, 3, 4):
+        retried.add(Report(step, 5, {"loss": float(step)}, None, 200.0 + step))
+    assert retried.flush(force=True) is True
+    stored = records.read(3, 0)
+    assert stored is not None and [p.step for p in stored.history] == [1, 2, 3, 4]
+    assert stored.history[2].time == 103.0  # step 3 kept as first read
+
+
 def test_a_store_error_never_reaches_the_follower(tmp_path: Path) -> None:
     class Broken(LocalStateStore):
         def put(self, key, data, expected_version):  # type: ignore[no-untyped-def]
