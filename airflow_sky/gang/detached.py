@@ -5,7 +5,9 @@ setup runs, before the run started. SkyPilot's job goes on to its end on the clu
 in, so the launcher hands the job to a background process that does what the DAG's remaining tasks would:
 start every rank of each phase not yet started (starts are idempotent), and watch each phase to its verdict
 (the same watcher as the follow tasks': fail-fast, and the job's end written into the job state). Recovery
-from a lost node needs the DAG run's follow tasks: a detached job that loses a node fails.
+from a lost node needs the DAG run's follow tasks: a detached job that loses a node fails. With no follow
+task reading the ranks' logs, the driver collects their progress reports itself (RunProgress), over the
+watcher's connections.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ import os
 import time
 from collections.abc import Sequence
 
+from airflow_sky.errors import RemoteError
+from airflow_sky.gang.follow import phase_tail
 from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
+from airflow_sky.gang.progress_store import WRITE_INTERVAL_S, ProgressCollector, ProgressRecords
 from airflow_sky.gang.state_record import current_handle
-from airflow_sky.gang.watcher import PhaseWatch
+from airflow_sky.gang.watcher import PhaseWatch, parallel
 from airflow_sky.infra.cluster import Cluster
+from airflow_sky.node.log_tail import LogTail
 from airflow_sky.task import Task
 
 log = logging.getLogger(__name__)
@@ -53,9 +59,12 @@ def drive(
                 log.info("Started the %s on rank %d", phase, node.rank)
         generation = current.handle.generation if phase == "run" else handle.generation
         watch = job.watch(phase, generation, nodes, owner, log=log.info)
+        progress = RunProgress(job, watch) if phase == "run" else None
         try:
-            verdict = _watch(job, watch, poll_interval_s)
+            verdict = _watch(job, watch, poll_interval_s, progress)
         finally:
+            if progress is not None:
+                progress.read(to_end=True)
             watch.close()
         if verdict != "SUCCEEDED":
             break
@@ -64,10 +73,12 @@ def drive(
     return final.status
 
 
-def _watch(job: GangJob, watch: PhaseWatch, poll_interval_s: float) -> str:
+def _watch(job: GangJob, watch: PhaseWatch, poll_interval_s: float, progress: RunProgress | None) -> str:
     """Hold the phase's watch until it has a verdict (a follow task left running may hold it meanwhile)."""
     phase_name, generation = watch.watcher.phase, watch.watcher.generation
     while True:
+        if progress is not None:
+            progress.read()
         state, _ = watch.round(job.require())
         phase = state.phase(phase_name, generation)
         if phase.verdict == "SUCCEEDED" or (phase.verdict == "FAILED" and phase.killed):
@@ -75,3 +86,50 @@ def _watch(job: GangJob, watch: PhaseWatch, poll_interval_s: float) -> str:
         if (state.status.is_terminal and phase.verdict is None) or state.relaunch is not None:
             return state.status.value
         time.sleep(poll_interval_s)
+
+
+class RunProgress:
+    """Every run rank's progress reports, read from its log (the lines themselves are dropped: no task log
+    shows them) every WRITE_INTERVAL_S, into the rank's record (gang.progress_store)."""
+
+    def __init__(self, job: GangJob, watch: PhaseWatch) -> None:
+        watcher = watch.watcher
+        records = ProgressRecords(job.states.store)
+        self._next = 0.0
+        self._ranks: list[tuple[LogTail, ProgressCollector]] = []
+        for rank in sorted(watcher.nodes):
+            collector = ProgressCollector(records, job.job_id, rank, watcher.generation)
+            tail = phase_tail(
+                watcher.client(rank),
+                job.job_id,
+                "run",
+                watcher.generation,
+                lambda line: None,
+                keep=0,
+                wait_for_start=True,
+                on_report=collector.add,
+            )
+            self._ranks.append((tail, collector))
+
+    def read(self, to_end: bool = False) -> None:
+        """One read of each rank's new log bytes when due (`to_end`: all that is there now, and write)."""
+        now = time.monotonic()
+        if not to_end and now < self._next:
+            return
+        self._next = now + WRITE_INTERVAL_S
+        parallel([lambda t=tail, c=collector: _read(t, c, to_end) for tail, collector in self._ranks])  # type: ignore[misc]
+
+
+def _read(tail: LogTail, collector: ProgressCollector, to_end: bool) -> None:
+    for _ in range(50 if to_end else 1):
+        if tail.ended:
+            break
+        try:
+            poll = tail.poll()
+        except RemoteError:
+            break  # the watcher decides about the node
+        if poll.caught_up:
+            break
+    if to_end:
+        tail.flush()
+    collector.flush(force=to_end or tail.ended)

@@ -9,6 +9,10 @@ blocking follow task, the deferred trigger and the detached driver run this same
     DONE      every rank of the phase exited 0 (the verdict), and this rank's log is read to its end
     FAILED    the phase failed (a rank's exit, a lost node, a cancel); every rank was stopped
     RELAUNCH  the job is being (or was) relaunched as a newer generation: recovery, see gang.relaunch
+
+In the run phase the follower also collects the rank's progress reports from the lines it reads anyway
+(gang.progress_store: no extra connection or read), and the watch holder hands the job's progress document
+to `on_progress` (Airflow's gauges, when metrics are on) at most every PROGRESS_SINK_S.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase, remote_job_id
+from airflow_sky.gang.progress_store import ProgressCollector, ProgressRecords
 from airflow_sky.gang.watcher import PhaseWatch
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.jobs import JobPoll
@@ -31,6 +36,8 @@ STATE_INTERVAL_S = 1.0  # how often a follower reads the job state (and, holding
 # How often a follow (task or trigger) asks Airflow whether a sibling was failed from outside (marked failed
 # in the UI before it got going, so its on_kill had nothing to cancel): such a job is cancelled.
 SIBLING_CHECK_S = 10.0
+PROGRESS_SINK_S = 5.0  # how often the watch holder hands the job's progress to `on_progress`
+ProgressSink = Callable[[dict[str, Any]], None]
 
 
 def phase_tail(
@@ -87,6 +94,7 @@ class RankFollower:
         redact: Callable[[str], str] = str,
         state_interval_s: float = STATE_INTERVAL_S,
         keep_tail: int = 20,
+        on_progress: ProgressSink | None = None,
     ) -> None:
         self.watcher = watcher = watch.watcher
         self.states = watcher.states
@@ -98,6 +106,12 @@ class RankFollower:
         self.redact = redact
         self.state_interval_s = state_interval_s
         self.own: NodeClient = watcher.cluster.client(watcher.nodes[rank], conn_retry_attempts=1)
+        self.progress: ProgressCollector | None = None
+        if self.phase == "run":
+            records = ProgressRecords(self.states.store)
+            self.progress = ProgressCollector(records, self.job_id, rank, self.generation)
+        self._on_progress = on_progress
+        self._next_sink = 0.0
         self.tail = phase_tail(
             self.own,
             self.job_id,
@@ -107,6 +121,7 @@ class RankFollower:
             offset=start_offset,
             keep=keep_tail,
             wait_for_start=True,
+            on_report=self.progress.add if self.progress is not None else None,
         )
         self._watch = watch
         self.behind = False  # more of the own log to read than one poll returned
@@ -137,8 +152,14 @@ class RankFollower:
         return True
 
     def close(self) -> None:
+        self.flush_progress()
         self._watch.close()
         self.own.close()
+
+    def flush_progress(self) -> None:
+        """Write what this rank reported now (its log ended, or the follower stops): never raises."""
+        if self.progress is not None:
+            self.progress.flush(force=True)
 
     def release_watch(self) -> None:
         """Give the lease up at once (this follower is done): another follower need not wait for it to lapse."""
@@ -170,6 +191,8 @@ class RankFollower:
             except RemoteError:
                 self.own.reset()  # the watcher decides whether the node is gone; reconnect next round
                 self.behind = False
+            if self.progress is not None:
+                self.progress.flush(force=self.tail.ended)  # returns at once when no write is due
         now = time.monotonic()
         if now < self._next_state_read and ended_before == self.tail.ended:
             return None
@@ -182,8 +205,19 @@ class RankFollower:
         state, held = self._watch.round(state)
         if held:
             self.state = state
+            self._sink_progress(state, now)
             return self._judge(state)
         return None
+
+    def _sink_progress(self, state: js.JobState, now: float) -> None:
+        """The watch holder's job-level progress to `on_progress`, when due (one reader per job)."""
+        if self._on_progress is None or self.phase != "run" or now < self._next_sink:
+            return
+        self._next_sink = now + PROGRESS_SINK_S
+        try:
+            self._on_progress(ProgressRecords(self.states.store).summary(state, with_history=False))
+        except Exception as error:  # gauges are never worth failing the job for
+            self.watcher.log(f"job {self.job_id}: progress metrics not sent: {error}")
 
     def _judge(self, state: js.JobState) -> Step | None:
         relaunched = state.generation > self.generation or (
@@ -212,6 +246,7 @@ class RankFollower:
                 return
             if self.tail.ended or poll.caught_up:
                 self.tail.flush()
+                self.flush_progress()
                 return
 
     def _error(self, state: js.JobState, phase: js.PhaseState) -> JobFailed:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.logs import LineSplitter, node_prefix
+from airflow_sky.progress import MARKER, Report, parse_line
 
 
 class LogTail:
@@ -27,6 +28,7 @@ class LogTail:
         offset: int = 0,
         keep: int = 20,
         wait_for_start: bool = False,
+        on_report: Callable[[Report], None] | None = None,
     ) -> None:
         self.client = client
         self.job_id = job_id
@@ -37,6 +39,7 @@ class LogTail:
         self.wait_for_start = wait_for_start
         self._setup = setup
         self._emit = emit
+        self._on_report = on_report
         self._prefix = self._prefix_for(None)
         self._pid: int | None = None
         self._lines = LineSplitter(self._line, keep=keep)
@@ -47,6 +50,10 @@ class LogTail:
 
     def _line(self, line: str) -> None:
         self._emit(f"{self._prefix} {line}")
+        if self._on_report is not None and MARKER in line:  # a substring test: most lines cost no parse
+            report = parse_line(line)
+            if report is not None:
+                self._on_report(report)
 
     def poll(self) -> jobs.JobPoll:
         poll = jobs.read_job(

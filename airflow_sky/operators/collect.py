@@ -7,7 +7,8 @@ from typing import Any
 
 from airflow_sky.errors import JobFailed
 from airflow_sky.gang.job import JobStatus
-from airflow_sky.operators.base import RESULT_XCOM_KEY, SkyBaseOperator
+from airflow_sky.gang.job_progress import final_metrics
+from airflow_sky.operators.base import PROGRESS_XCOM_KEY, RESULT_XCOM_KEY, SkyBaseOperator
 
 
 class SkyCollectOperator(SkyBaseOperator):
@@ -16,6 +17,8 @@ class SkyCollectOperator(SkyBaseOperator):
     Every rank's value is pushed under the XCom key `ranks` (a list in rank order). With `artifacts`, the
     listed files are streamed from the head (`artifacts_from="all"`: from every rank, into `rank-<r>/`) to
     `artifacts_to` (a local directory, s3:// or gs://), and {remote path: uri} is pushed under `artifacts`.
+    The job's final progress (gang.job_progress.final_metrics: step, total, metrics, each rank's last step
+    and metrics, recoveries) is pushed under `progress` (None when the job reported none).
     """
 
     template_fields: Sequence[str] = ("cluster", "sky_task", "artifacts", "artifacts_to")
@@ -47,6 +50,10 @@ class SkyCollectOperator(SkyBaseOperator):
         by_rank = {int(entry["rank"]): entry.get("value") for entry in pushed if isinstance(entry, dict)}
         ranks = [by_rank.get(node.rank) for node in handle.run_nodes]
         ti.xcom_push(key="ranks", value=ranks)
+        # Pushed even when None (no report came): a downstream pull of job_progress() then finds None.
+        progress = self.job.progress(with_history=False)
+        reported = progress is not None and progress["reported_ranks"] > 0
+        ti.xcom_push(key=PROGRESS_XCOM_KEY, value=final_metrics(progress) if progress and reported else None)
         hook = self.hook(handle)
         if self.artifacts:
             if not self.artifacts_to:

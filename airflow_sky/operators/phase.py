@@ -20,10 +20,17 @@ from airflow.sdk import conf
 
 from airflow_sky.gang.gang_job import GangJob, RankFollower, Step, Triage, Wake
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
+from airflow_sky.gang.job_progress import final_metrics
 from airflow_sky.gang.job_status import ManagedStatus, mirror, of_record
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.gang.state import JobStates
-from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY, RESULT_XCOM_KEY, SkyBaseOperator
+from airflow_sky.hooks.progress_metrics import progress_gauges
+from airflow_sky.operators.base import (
+    JOB_STATUS_XCOM_KEY,
+    PROGRESS_XCOM_KEY,
+    RESULT_XCOM_KEY,
+    SkyBaseOperator,
+)
 from airflow_sky.operators.links import SkyNodeConsoleLink
 from airflow_sky.task.redaction import sensitive_values, task_redactor
 from airflow_sky.triggers import SkyFollowTrigger
@@ -160,6 +167,11 @@ class SkyFollowOperator(_PhaseOperator):
         job = self.job
         owner = self.lease_owner(context)
         started = time.monotonic()
+        gauges = (
+            progress_gauges(context["ti"].dag_id, job.cluster.name, job.job_id)
+            if self.phase == "run"
+            else None
+        )
         while True:
             nodes = job.phase_nodes(self.phase, job.state())
             self._following = (job.cluster, nodes, generation, job.states, job.job_id)
@@ -173,6 +185,7 @@ class SkyFollowOperator(_PhaseOperator):
                 triage=self._triage() if self.phase == "run" else GangJob.triage(None),
                 start_offset=offset,
                 redact=self._redact,
+                on_progress=gauges,
             )
             try:
                 step = self._until_step(context, follower, handle, started, deferred_before)
@@ -184,6 +197,8 @@ class SkyFollowOperator(_PhaseOperator):
                     self._push_job_status(context, of_record(state), generation)
                     continue
                 follower.release_watch()
+                if self.phase == "run" and rank == 0:
+                    self._push_progress(context, follower)
                 if step.wake is Wake.FAILED:
                     assert step.error is not None
                     self.log.error("%s: %s", step.error.status, step.error)
@@ -197,6 +212,18 @@ class SkyFollowOperator(_PhaseOperator):
             # (a per-index pull of a missing return value logs an error).
             context["ti"].xcom_push(key=RESULT_XCOM_KEY, value={"rank": rank, "value": value})
             return value
+
+    def _push_progress(self, context: Any, follower: RankFollower) -> None:
+        """The head's follow task keeps the job's last progress in XCom when the run ends, succeeded or
+        failed (collect pushes it again once every rank wrote its last report); nothing when none came."""
+        follower.flush_progress()
+        try:
+            doc = self.job.progress(with_history=False)
+        except Exception as error:  # the job's own outcome matters more than its progress
+            self.log.warning("The job's progress could not be read: %s", error)
+            return
+        if doc is not None and doc["reported_ranks"]:
+            context["ti"].xcom_push(key=PROGRESS_XCOM_KEY, value=final_metrics(doc))
 
     def _push_job_status(self, context: Any, status: ManagedStatus, generation: int) -> None:
         """The record's mirror that `airflow-sky jobs queue` reads over the REST API (the record itself lives

@@ -26,6 +26,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_sky.gang.gang_job import GangJob, RankFollower
 from airflow_sky.gang.job import Phase, nodes_of
 from airflow_sky.hooks.cluster import SkyClusterHook
+from airflow_sky.hooks.progress_metrics import progress_gauges
 from airflow_sky.task import JobRecovery
 from airflow_sky.task.redaction import redactor
 from airflow_sky.triggers.task_states import failed_count
@@ -139,7 +140,12 @@ class SkyFollowTrigger(BaseTrigger):
             start_offset=self.offset,
             redact=redact,
             keep_tail=0,
+            on_progress=self._gauges() if self._phase == "run" else None,
         )
+
+    def _gauges(self) -> Callable[[dict[str, Any]], None] | None:
+        dag_id = self.owner.split("/", 1)[0]  # the follow task instance's name (a DAG id has no `/`)
+        return progress_gauges(dag_id, self.cluster_name, self.job_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
