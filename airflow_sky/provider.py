@@ -8,6 +8,9 @@ from typing import Any
 def get_provider_info() -> dict[str, Any]:
     from airflow_sky import __version__
 
+    # No "plugins" entry: the progress view's plugin is loaded through the `airflow.plugins` entry point
+    # (pyproject.toml); naming it here too would register it twice (Airflow reports the second as an error).
+
     return {
         "package-name": "airflow-sky",
         "name": "airflow-sky",

@@ -1,0 +1,287 @@
+// The training progress page: reads its run's jobs from the JSON API every 2 s and draws them.
+// Every value from the API reaches the page through textContent or setAttribute, never as HTML.
+(function () {
+  "use strict";
+  var REFRESH_MS = 2000;
+  var SVG = "http://www.w3.org/2000/svg";
+  var COLORS = ["#017cee", "#e53e3e", "#38a169", "#d69e2e", "#805ad5", "#dd6b20", "#319795", "#d53f8c"];
+  var root = document.getElementById("sky-progress");
+  var jobsBox = document.getElementById("sky-jobs");
+  var statusLine = root.querySelector('[data-field="status"]');
+
+  // The page is {prefix}/progress/{dag_id}/{run_id}: the API is {prefix}/api/v1/progress/{dag_id}/{run_id}.
+  var parts = location.pathname.split("/");
+  var dagId = decodeURIComponent(parts[parts.length - 2] || "");
+  var runId = decodeURIComponent(parts[parts.length - 1] || "");
+  var apiUrl = "../../api/v1/progress/" + encodeURIComponent(dagId) + "/" + encodeURIComponent(runId);
+  var params = new URLSearchParams(location.search);
+  var selectedRank = rankParam(params);
+  var refreshes = 0;
+
+  function rankParam(p) {
+    var value = p.get("rank");
+    if (value === null) value = p.get("map_index");  // a node-mapped task's map index is its rank
+    var n = Number(value);
+    return value !== null && value !== "" && Number.isInteger(n) && n >= 0 ? n : null;
+  }
+
+  // Follow the embedding Airflow UI's theme (same origin), else the browser's preference.
+  function applyTheme() {
+    var dark = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
+    try {
+      var host = window.parent !== window ? window.parent.document.documentElement : null;
+      if (host) {
+        var scheme = host.getAttribute("data-theme") || host.style.colorScheme || "";
+        dark = host.classList.contains("dark") || scheme === "dark" || (dark && !host.classList.contains("light"));
+      }
+    } catch (e) { /* not same origin: keep the browser's preference */ }
+    document.documentElement.setAttribute("data-theme", dark ? "dark" : "light");
+  }
+
+  function el(tag, attrs, text) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function svgEl(tag, attrs) {
+    var node = document.createElementNS(SVG, tag);
+    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
+    return node;
+  }
+
+  function num(value) {
+    if (value === null || value === undefined || value === "") return "–";
+    var n = Number(value);
+    if (!isFinite(n)) return String(value);
+    return Number.isInteger(n) ? String(n) : String(Number(n.toPrecision(5)));
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) return "–";
+    var s = Math.max(0, Math.round(Number(seconds)));
+    var h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+    if (h) return h + "h " + m + "m";
+    if (m) return m + "m " + r + "s";
+    return r + "s";
+  }
+
+  function clock(epoch) {
+    if (epoch === null || epoch === undefined) return "–";
+    return new Date(Number(epoch) * 1000).toLocaleTimeString();
+  }
+
+  function ago(epoch) {
+    if (epoch === null || epoch === undefined) return "–";
+    return duration(Date.now() / 1000 - Number(epoch)) + " ago";
+  }
+
+  function headline(doc) {
+    var box = el("dl", { "class": "sky-headline" });
+    var percent = doc.percent === null || doc.percent === undefined ? "–" : Number(doc.percent).toFixed(1) + "%";
+    [
+      ["Step", "step", num(doc.step)],
+      ["Total", "total", num(doc.total)],
+      ["Done", "percent", percent],
+      ["ETA", "eta", duration(doc.eta_s)],
+      ["Rate", "rate", doc.rate === null || doc.rate === undefined ? "–" : num(doc.rate) + " steps/s"],
+      ["Slowest rank", "slowest-rank", num(doc.slowest_rank)],
+      ["Generation", "generation", num(doc.generation)],
+      ["Updated", "updated", ago(doc.updated_at)]
+    ].forEach(function (item) {
+      var cell = el("div");
+      cell.appendChild(el("dt", {}, item[0]));
+      cell.appendChild(el("dd", { "data-field": item[1] }, item[2]));
+      box.appendChild(cell);
+    });
+    return box;
+  }
+
+  function metricNames(ranks) {
+    var names = [];
+    ranks.forEach(function (r) {
+      Object.keys(r.metrics || {}).forEach(function (k) { if (names.indexOf(k) < 0) names.push(k); });
+    });
+    return names;
+  }
+
+  function rankTable(ranks, logUrls) {
+    var names = metricNames(ranks);
+    var table = el("table", { "class": "sky-ranks" });
+    var head = el("tr");
+    ["Rank", "Step", "Rate (steps/s)"].concat(names).concat(["Log"]).forEach(function (h) {
+      head.appendChild(el("th", {}, h));
+    });
+    table.appendChild(el("thead")).appendChild(head);
+    var body = table.appendChild(el("tbody"));
+    ranks.forEach(function (r) {
+      var row = el("tr", { "class": "sky-rank", "data-rank": r.rank });
+      if (r.stale) row.classList.add("stale");
+      if (r.rank === selectedRank) row.classList.add("selected");
+      var rankCell = el("td", { "data-field": "rank" }, r.rank);
+      if (r.stale) rankCell.appendChild(el("span", { "class": "sky-stale", "title": "no report for a while" }, "stale"));
+      row.appendChild(rankCell);
+      row.appendChild(el("td", { "data-field": "step" }, num(r.step)));
+      row.appendChild(el("td", { "data-field": "rate" }, num(r.rate)));
+      names.forEach(function (name) {
+        var value = (r.metrics || {})[name];
+        row.appendChild(el("td", { "data-metric": name }, value === undefined ? "" : num(value)));
+      });
+      var logCell = el("td");
+      var url = (logUrls || {})[String(r.rank)];
+      if (url) {
+        var link = el("a", { "data-log-rank": r.rank, "href": url, "target": "_top" }, "log");
+        logCell.appendChild(link);
+      }
+      row.appendChild(logCell);
+      body.appendChild(row);
+    });
+    return table;
+  }
+
+  // One chart per metric over steps: one line per rank and generation (a relaunch starts a new line).
+  function charts(ranks) {
+    var series = {};
+    ranks.forEach(function (r) {
+      (r.history || []).forEach(function (p) {
+        Object.keys(p[3] || {}).forEach(function (name) {
+          var key = r.rank + "/" + p[2];
+          series[name] = series[name] || {};
+          (series[name][key] = series[name][key] || { rank: r.rank, generation: p[2], points: [] })
+            .points.push([Number(p[1]), Number(p[3][name])]);
+        });
+      });
+    });
+    var box = el("div", { "class": "sky-charts" });
+    Object.keys(series).forEach(function (name) { box.appendChild(chart(name, series[name])); });
+    return box;
+  }
+
+  function chart(name, lines) {
+    var W = 320, H = 150, L = 44, R = 8, T = 8, B = 20;
+    var all = [];
+    Object.keys(lines).forEach(function (k) { all = all.concat(lines[k].points); });
+    var xs = all.map(function (p) { return p[0]; }), ys = all.map(function (p) { return p[1]; });
+    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
+    var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
+    if (x1 === x0) x1 = x0 + 1;
+    if (y1 === y0) { y1 = y0 + 1; }
+    function sx(v) { return L + (v - x0) / (x1 - x0) * (W - L - R); }
+    function sy(v) { return H - B - (v - y0) / (y1 - y0) * (H - T - B); }
+    var wrap = el("div", { "class": "sky-chart-box" });
+    wrap.appendChild(el("h3", {}, name));
+    var svg = svgEl("svg", { "class": "sky-chart", "data-metric": name, "width": W, "height": H, "viewBox": "0 0 " + W + " " + H });
+    svg.appendChild(svgEl("line", { "class": "axis", "x1": L, "y1": H - B, "x2": W - R, "y2": H - B }));
+    svg.appendChild(svgEl("line", { "class": "axis", "x1": L, "y1": T, "x2": L, "y2": H - B }));
+    [[L - 4, T + 8, num(y1), "end"], [L - 4, H - B, num(y0), "end"], [L, H - 4, num(x0), "start"], [W - R, H - 4, num(x1), "end"]]
+      .forEach(function (t) {
+        var label = svgEl("text", { "x": t[0], "y": t[1], "text-anchor": t[3] });
+        label.textContent = t[2];
+        svg.appendChild(label);
+      });
+    var newest = Math.max.apply(null, Object.keys(lines).map(function (k) { return lines[k].generation; }));
+    Object.keys(lines).sort().forEach(function (k) {
+      var line = lines[k];
+      var pts = line.points.map(function (p) { return sx(p[0]).toFixed(1) + "," + sy(p[1]).toFixed(1); }).join(" ");
+      var poly = svgEl("polyline", {
+        "points": pts, "fill": "none", "data-rank": line.rank, "data-generation": line.generation,
+        "stroke": COLORS[line.rank % COLORS.length],
+        "stroke-width": line.rank === selectedRank ? 2.5 : 1.5,
+        // an earlier generation (before a recovery) is dashed: the relaunch's line starts anew
+        "stroke-dasharray": line.generation < newest ? "4 3" : "none"
+      });
+      var title = svgEl("title");
+      title.textContent = "rank " + line.rank + ", generation " + line.generation;
+      poly.appendChild(title);
+      svg.appendChild(poly);
+    });
+    wrap.appendChild(svg);
+    return wrap;
+  }
+
+  function recoveries(items) {
+    var list = el("ul", { "class": "sky-recoveries" });
+    (items || []).forEach(function (r) {
+      var ranks = (r.ranks || []).join(",");
+      var text = "Generation " + num(r.generation) + ": " + (r.action || "relaunch") + " of rank " + (ranks || "?");
+      if (r.at) text += " at " + clock(r.at);
+      if (r.reason) text += " (" + r.reason + ")";
+      text += "; " + (r.lost_s === null || r.lost_s === undefined ? "time lost unknown" : duration(r.lost_s) + " lost");
+      if (r.steps_redone !== null && r.steps_redone !== undefined) text += ", " + num(r.steps_redone) + " steps redone";
+      list.appendChild(el("li", { "class": "sky-recovery", "data-generation": num(r.generation), "data-ranks": ranks }, text));
+    });
+    return list;
+  }
+
+  function jobSection(job, existing) {
+    var section = existing || el("section", { "class": "sky-job" });
+    section.setAttribute("data-cluster", job.cluster);
+    section.setAttribute("data-job-id", job.job_id);
+    section.setAttribute("data-source", job.source);
+    section.replaceChildren();
+    var title = el("h2", {}, (job.group || "job") + " — job " + job.job_id + " on " + job.cluster);
+    var sourceText = { live: "live", final: "final (cluster gone)", none: "no progress reported" }[job.source] || job.source;
+    title.appendChild(el("span", { "class": "sky-source" }, sourceText));
+    section.appendChild(title);
+    var doc = job.progress || {};
+    section.appendChild(headline(doc));
+    if (doc.percent !== null && doc.percent !== undefined) {
+      var bar = el("div", { "class": "sky-bar" });
+      bar.appendChild(el("div", { "style": "width:" + Math.max(0, Math.min(100, Number(doc.percent))) + "%" }));
+      section.appendChild(bar);
+    }
+    var ranks = (doc.ranks || []).slice().sort(function (a, b) { return a.rank - b.rank; });
+    section.appendChild(rankTable(ranks, job.log_urls));
+    section.appendChild(charts(ranks));
+    if ((doc.recoveries || []).length) {
+      section.appendChild(el("h3", {}, "Recoveries"));
+      section.appendChild(recoveries(doc.recoveries));
+    }
+    return section;
+  }
+
+  function render(data) {
+    var seen = {};
+    (data.jobs || []).forEach(function (job) {
+      var key = job.cluster + "/" + job.job_id;
+      seen[key] = true;
+      var existing = null;
+      jobsBox.querySelectorAll("section.sky-job").forEach(function (s) {
+        if (s.getAttribute("data-cluster") + "/" + s.getAttribute("data-job-id") === key) existing = s;
+      });
+      var section = jobSection(job, existing);
+      if (!existing) jobsBox.appendChild(section);
+    });
+    jobsBox.querySelectorAll("section.sky-job").forEach(function (s) {
+      if (!seen[s.getAttribute("data-cluster") + "/" + s.getAttribute("data-job-id")]) s.remove();
+    });
+    statusLine.classList.remove("error");
+    statusLine.textContent = (data.jobs || []).length ? "" : "This run has no airflow-sky jobs (yet).";
+  }
+
+  function load() {
+    applyTheme();
+    fetch(apiUrl, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+      .then(function (response) {
+        if (!response.ok) {
+          var why = response.status === 401 || response.status === 403 ? "not signed in, or no access to this DAG" : response.statusText;
+          throw new Error(response.status + " " + why);
+        }
+        return response.json();
+      })
+      .then(function (data) {
+        render(data);
+        refreshes += 1;
+        root.setAttribute("data-loaded", "true");
+        root.setAttribute("data-refreshes", String(refreshes));
+      })
+      .catch(function (err) {
+        statusLine.classList.add("error");
+        statusLine.textContent = "Could not load the progress: " + err.message;
+      })
+      .then(function () { setTimeout(load, REFRESH_MS); });
+  }
+
+  load();
+})();
