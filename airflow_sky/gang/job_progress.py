@@ -126,7 +126,7 @@ def with_report(
     when = report.time if report.time is not None else read_at
     metrics = {name: _rounded(value) for name, value in report.metrics.items()}
     kept = dict(list(metrics.items())[:HISTORY_METRICS])
-    point = Point(_rounded(when), report.step, generation, kept)
+    point = Point(round(when, 3), report.step, generation, kept)  # a Unix time: to the millisecond
     history = current.history if current is not None else ()
     if history and history[-1].generation == generation and history[-1].step == report.step:
         history = history[:-1]  # the same step reported again (a final report): keep the newest values

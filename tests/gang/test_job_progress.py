@@ -139,6 +139,17 @@ def test_the_collector_writes_at_most_once_per_interval_and_goes_on_with_the_sto
     assert sorted(records.read_all(7)) == [1]
 
 
+def test_a_ranks_rate_holds_over_real_unix_times() -> None:
+    progress = None
+    for step in (1, 2, 3, 4):  # one step a second, at today's Unix time
+        progress = jp.with_report(progress, 0, 0, Report(step, time=1_764_826_000.25 + step), 0.0) or progress
+    assert progress is not None and [p.time for p in progress.history][:2] == [
+        1_764_826_001.25,
+        1_764_826_002.25,
+    ]
+    assert jp.rank_rate(progress) == pytest.approx(1.0)
+
+
 def test_a_follower_that_reads_the_log_again_from_its_start_counts_no_step_twice(tmp_path: Path) -> None:
     records = ps.ProgressRecords(LocalStateStore(tmp_path / "state"))
     first = ps.ProgressCollector(records, 3, 0, 0)
