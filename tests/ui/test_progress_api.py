@@ -346,3 +346,24 @@ def test_the_page_shows_the_job_refreshes_and_escapes_every_value(stack: dict[st
         # The hostile name and reason are text: no element was made of them, no script ran.
         assert page.locator("img").count() == 0
         assert page.evaluate("document.body.dataset.pwned") is None
+
+
+def test_a_terminated_clusters_job_shows_the_final_progress_its_run_pushed(stack: dict[str, Any]) -> None:
+    """Last in the module: it takes the cluster down. The job's state went with it; the run's final progress
+    XCom (pushed when the job ended, before the hostile records above) is what remains."""
+    LocalCloud().terminate(CLUSTER)
+    headers = {"Authorization": f"Bearer {stack['admin']}"}
+    deadline = time.monotonic() + 120
+    while True:  # the answer of the last second may still be cached
+        (job,) = httpx.get(_api(stack), headers=headers, timeout=60).json()["jobs"]
+        if job["source"] != "live" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert job["source"] == "final"
+    final = job["progress"]
+    assert (final["step"], final["total"], final["generation"]) == (STEPS, STEPS, 0)
+    assert final["ranks"] == [
+        {"rank": rank, "step": STEPS, "metrics": {"loss": float(f"{10 - STEPS}.{rank}")}} for rank in (0, 1)
+    ]
+    assert final["recoveries"] == []
+    assert set(job["log_urls"]) == {"0", "1"}
