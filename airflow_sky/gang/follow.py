@@ -200,18 +200,19 @@ class RankFollower:
         state = self.states.require(self.job_id)
         self.state = state
         step = self._judge(state)
-        if step is not None:
-            return step
-        state, held = self._watch.round(state)
-        if held:
+        if step is None:
+            state, held = self._watch.round(state)
+            if not held:
+                return None
             self.state = state
-            self._sink_progress(state, now)
-            return self._judge(state)
-        return None
+            step = self._judge(state)
+        if self.holds_watch:  # the last values when the run ends; else when due
+            self._sink_progress(state, now, final=step is not None and step.wake is not Wake.RELAUNCH)
+        return step
 
-    def _sink_progress(self, state: js.JobState, now: float) -> None:
+    def _sink_progress(self, state: js.JobState, now: float, final: bool = False) -> None:
         """The watch holder's job-level progress to `on_progress`, when due (one reader per job)."""
-        if self._on_progress is None or self.phase != "run" or now < self._next_sink:
+        if self._on_progress is None or self.phase != "run" or (now < self._next_sink and not final):
             return
         self._next_sink = now + PROGRESS_SINK_S
         try:
