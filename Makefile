@@ -35,7 +35,9 @@ unit:
 bench: bootstrap
 	$(BIN)/python bench/run_all.py
 
-## Refreshes the UI screenshots in docs/img from a real Celery deployment (the test suite writes no tracked files).
+## Refreshes the UI screenshots in docs/img: the grid and a rank's log from a real Celery deployment, the
+## progress view on a minGPT job after a recovery from a real Airflow (the test suite writes no tracked files).
 screenshots: bootstrap-tests
 	AIRFLOW_SKY_DOCS_SCREENSHOTS=1 $(BIN)/pytest -q -p no:cacheprovider \
-		"tests/deploy/test_celery_deployment.py::test_the_ui_renders_the_grid_and_a_rank_log_in_a_real_browser"
+		"tests/deploy/test_celery_deployment.py::test_the_ui_renders_the_grid_and_a_rank_log_in_a_real_browser" \
+		"tests/ui/test_progress_view_browser.py::test_a_preempted_rank_shows_as_a_recovery_and_every_rank_advances_again"

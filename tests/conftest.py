@@ -35,6 +35,7 @@ SLOWEST_FILES = (
     "tests/aws/test_aws_jobs.py",
     "tests/deploy/test_wide_jobs.py",
     "tests/scheduler/test_real_scheduler.py",
+    "tests/ui/test_progress_view_browser.py",
     "tests/gcp/test_gcp_jobs.py",
     "tests/deploy/test_abandoned_run.py",
     "tests/scheduler/test_managed_jobs.py",

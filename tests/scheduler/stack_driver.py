@@ -73,6 +73,18 @@ def _wait_for(what: str, check: Any, timeout_s: float, stack: subprocess.Popen[b
     raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}; see {log}")
 
 
+def start_standalone(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """`airflow standalone` in a session of its own (stop_stack stops all it started), logging to `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
 def _preempt_when_running(config: dict[str, Any]) -> bool:
     """Preempt the configured rank once the probe file has enough lines; True once done."""
     from airflow_sky.infra.local.cloud import LocalCloud
@@ -175,14 +187,7 @@ def main(config_path: str, report_path: str) -> int:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     log = home / "standalone.log"
     started = time.monotonic()
-    with log.open("wb") as out:
-        stack = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"],
-            env=_stack_env(home),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    stack = start_standalone(_stack_env(home), log)
     report: dict[str, Any] = {"log": str(log)}
     try:
         client = httpx.Client(base_url=API, timeout=30)
