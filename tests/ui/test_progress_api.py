@@ -346,6 +346,16 @@ def test_the_page_shows_the_job_refreshes_and_escapes_every_value(stack: dict[st
         # The hostile name and reason are text: no element was made of them, no script ran.
         assert page.locator("img").count() == 0
         assert page.evaluate("document.body.dataset.pwned") is None
+        # Readable in both themes: the page follows the preference of a browser (or UI) in dark mode.
+        background = "getComputedStyle(document.body).backgroundColor"
+        assert page.evaluate(background) == "rgb(255, 255, 255)"
+        page.emulate_media(color_scheme="dark")
+        html = page.locator("html")
+        _wait(lambda: html.get_attribute("data-theme") == "dark", "the dark theme")
+        assert page.evaluate(background) == "rgb(17, 19, 24)"
+        assert page.evaluate("getComputedStyle(document.querySelector('tr.sky-rank td')).color") == (
+            "rgb(226, 232, 240)"
+        )
 
 
 def test_a_terminated_clusters_job_shows_the_final_progress_its_run_pushed(stack: dict[str, Any]) -> None:
