@@ -3,7 +3,8 @@
 Two 3-node jobs on an ssh pool of real OpenSSH servers, triggered through the REST API at once: one plain,
 one whose rank 1 host is killed while its follow tasks wait in the triggerer. Consecutive phases run on
 alternate workers, each with its own HOME, TMPDIR and AIRFLOW_HOME, so neither job can lean on a file one
-worker wrote. Everything is read back through the REST API, as a user's monitoring would.
+worker wrote. Everything is read back through the REST API, as a user's monitoring would; the progress
+plugin's JSON API answers the plain job's final progress through the API server.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ task = Task(
     name="plain",
     num_nodes=3,
     setup='echo "setup on rank $SKYPILOT_SETUP_NODE_RANK"',
-    run='for i in 1 2 3; do echo "rank $SKYPILOT_NODE_RANK says line $i of $SKYPILOT_NUM_NODES"; sleep 1; done; '
+    run='for i in 1 2 3; do echo "rank $SKYPILOT_NODE_RANK says line $i of $SKYPILOT_NUM_NODES"; '
+        'echo "@@airflow-sky-progress/1 {{\\\\"step\\\\": $i, \\\\"total\\\\": 3}}"; sleep 1; done; '
         'echo "token length ${{#API_TOKEN}}"; '
         'echo "{{\\\\"rank\\\\": $SKYPILOT_NODE_RANK}}" > "$AIRFLOW_SKY_XCOM_DIR/return.json"',
     envs={{"RUN": "{{{{ run_id }}}}"}},
@@ -109,6 +111,7 @@ def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "preempt": {"dag_id": "celery_preempt", "rank": 1, "marker": "spot-started"},
         "fail_task": {"dag_id": "celery_killed", "task_id": "killed.run_follow", "map_index": 0},
         "screenshots": {"dag_id": "celery_plain", "group": "plain", "dir": str(shots)},
+        "progress_api": "celery_plain",
         "timeout_s": 480,
     }
     dags = {
@@ -198,6 +201,17 @@ def test_nothing_is_left_running_or_locked_on_the_hosts(stack_report):
     assert stack_report["leftover_processes"] == []
     # Only the killed host still holds the lock of the cluster it left (it came back after the teardown).
     assert stack_report["locked_hosts"] == [stack_report["preempted"]["address"]]
+
+
+def test_the_progress_plugin_answers_for_a_finished_run_through_the_api_server(stack_report):
+    api = stack_report["progress_api"]
+    assert api["status"] == 200, api
+    (job,) = api["body"]["jobs"]
+    assert (job["group"], job["cluster"]) == ("plain", "celery-plain"), job
+    # Each rank reported steps 1..3: the job's last progress, read live or from its final XCom.
+    assert job["source"] in ("final", "live") and job["progress"]["step"] == 3, job
+    assert sorted(job["log_urls"]) == ["0", "1", "2"] and "run_follow" in job["log_urls"]["1"], job
+    assert api["forged_status"] == 403, api  # Airflow's auth refuses a token it did not sign
 
 
 def _screenshots_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
