@@ -8,6 +8,7 @@ The metadata DB is read with Airflow's own models, as its core API routes do.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from typing import Any
 from urllib.parse import quote
@@ -30,6 +31,10 @@ RUN_FOLLOW_TASK = "run_follow"
 # Where a job's final progress may be: collect pushes it, else the head rank's run follow (part of a run
 # that never reached collect). The first found wins.
 FINAL_TASKS = (("collect", -1), (RUN_FOLLOW_TASK, 0))
+# A cloud that does not answer must not hold the view: past this, the job shows its final progress (or
+# none) and the read goes on in the background; a few at once, so hung reads cannot take every thread.
+LIVE_TIMEOUT_S = 15.0
+_live_reads = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sky-progress")
 
 
 class RunNotFound(LookupError):
@@ -59,14 +64,26 @@ def _xcoms(session: Session, dag_id: str, run_id: str, key: str) -> dict[tuple[s
     return {(row.task_id, row.map_index): XComModel.deserialize_value(row) for row in rows}
 
 
-def live_progress(handle: JobHandle, with_history: bool) -> dict[str, Any] | None:
-    """The job's progress read now from its cluster's state store; None when the cluster or the job's record
-    is gone or cannot be reached (the caller falls back to the final XCom)."""
+def _read_live(handle: JobHandle, with_history: bool) -> dict[str, Any] | None:
     try:
         hook = SkyClusterHook(handle.cluster_name, handle.infra)
         return hook.job(handle).progress(with_history=with_history)
     except Exception as err:  # any infra or store failure means "not live": the view shows what remains
         log.debug("progress of job %s on %s not readable live: %s", handle.job_id, handle.cluster_name, err)
+        return None
+
+
+def live_progress(
+    handle: JobHandle, with_history: bool, timeout_s: float = LIVE_TIMEOUT_S
+) -> dict[str, Any] | None:
+    """The job's progress read now from its cluster's state store; None when the cluster or the job's record
+    is gone or does not answer within `timeout_s` (the caller falls back to the final XCom)."""
+    try:
+        return _live_reads.submit(_read_live, handle, with_history).result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        log.warning(
+            "progress of job %s on %s: no answer in %.0f s", handle.job_id, handle.cluster_name, timeout_s
+        )
         return None
 
 
