@@ -358,6 +358,26 @@ def test_the_page_shows_the_job_refreshes_and_escapes_every_value(stack: dict[st
         )
 
 
+def test_a_ranks_log_link_in_the_uis_embedded_view_opens_that_task_instance_in_the_ui(
+    stack: dict[str, Any],
+) -> None:
+    """The UI embeds the view in a sandboxed frame that may not navigate the window; the link asks the UI's
+    router instead, so the UI itself shows the rank's task instance."""
+    base = stack["server"].url
+    run = quote(stack["run_id"], safe="")
+    with _chromium_page(stack, stack["admin"]) as page:
+        page.set_default_timeout(120_000)
+        page.goto(f"{base}/dags/{DAG_ID}/runs/{run}")
+        page.get_by_text("Training progress", exact=True).first.click()
+        frame = page.frame_locator('iframe[src*="/airflow-sky/progress/"]')
+        frame.locator('#sky-progress[data-loaded="true"]').wait_for()
+        frame.locator('a[data-log-rank="1"]').click()
+        page.wait_for_url(f"**/dags/{DAG_ID}/runs/{run}/tasks/train.run_follow/mapped/1**")
+        # The UI routed there itself: its task instance page, not the view's frame, now shows the rank.
+        page.get_by_text("run_follow").first.wait_for()
+        assert page.locator('iframe[src*="/airflow-sky/progress/"]').count() == 0
+
+
 def test_a_terminated_clusters_job_shows_the_final_progress_its_run_pushed(stack: dict[str, Any]) -> None:
     """Last in the module: it takes the cluster down. The job's state went with it; the run's final progress
     XCom (pushed when the job ended, before the hostile records above) is what remains."""

@@ -131,13 +131,26 @@
       var logCell = el("td");
       var url = (logUrls || {})[String(r.rank)];
       if (url) {
-        var link = el("a", { "data-log-rank": r.rank, "href": url, "target": "_top" }, "log");
+        var link = el("a", { "data-log-rank": r.rank, "href": url }, "log");
+        link.addEventListener("click", openInUi);
         logCell.appendChild(link);
       }
       row.appendChild(logCell);
       body.appendChild(row);
     });
     return table;
+  }
+
+  // The UI embeds this page in a sandboxed frame that may not navigate the top window: a log link asks the
+  // UI's own router (same origin) to show the task instance instead; elsewhere it is a plain link.
+  function openInUi(ev) {
+    if (window.parent === window || ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey) return;
+    try {
+      var target = new URL(ev.currentTarget.getAttribute("href"), window.parent.location.href);
+      window.parent.history.pushState(null, "", target.pathname + target.search);
+      window.parent.dispatchEvent(new PopStateEvent("popstate", { state: null }));
+      ev.preventDefault();
+    } catch (e) { /* the UI is not reachable: the link opens in this frame */ }
   }
 
   // One chart per metric over steps: one line per rank and generation (a relaunch starts a new line).
