@@ -27,6 +27,7 @@ _LAZY = {
     "tail_logs": "airflow_sky.client.sdk",
     "tail_provision_logs": "airflow_sky.client.sdk",
     "job_status": "airflow_sky.client.sdk",
+    "job_progress": "airflow_sky.client.sdk",
     "queue": "airflow_sky.client.sdk",
     "cancel": "airflow_sky.client.sdk",
     "down": "airflow_sky.client.sdk",

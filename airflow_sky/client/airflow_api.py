@@ -154,7 +154,7 @@ class AirflowApi:
             )
         return str(response.json()["access_token"])
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, attempts: int | None = None, **kwargs: Any) -> httpx.Response:
         """One request, tried again (with backoff) when the server took it but did not answer in time, dropped
         it, or answered 5xx (a refused connection is not tried again: nothing listens there): a busy API server (a wide job's tasks all talk to it) is not a failed
         launch. A POST retried after a timeout that answers 409 was created by the attempt that timed out:
@@ -179,7 +179,7 @@ class AirflowApi:
             | tenacity.retry_if_exception(
                 lambda e: isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500
             ),
-            stop=tenacity.stop_after_attempt(self.attempts),
+            stop=tenacity.stop_after_attempt(attempts or self.attempts),
             wait=tenacity.wait_exponential(multiplier=1, max=8),
             reraise=True,
         )
@@ -201,6 +201,21 @@ class AirflowApi:
 
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params=params).json()
+
+    def plugin_get(self, path: str, **params: Any) -> Any:
+        """GET `path` of a plugin the API server mounts beside its REST API (e.g. /airflow-sky/api/v1/...),
+        logged in as for the REST API, asked once (the caller can do without the answer). An answer that is
+        no JSON (an API server without the plugin may answer its UI's page) is an ApiError too."""
+        try:
+            response = self._send("GET", path, attempts=1, params=params)
+        except httpx.HTTPError as e:
+            raise ApiError(f"GET {path}: cannot reach the Airflow API at {self.config.url}: {e}") from e
+        if response.status_code >= 400:
+            raise ApiError(f"GET {path}: {response.status_code} {_detail(response)}", response.status_code)
+        try:
+            return response.json()
+        except ValueError as e:
+            raise ApiError(f"GET {path}: not a JSON answer ({response.headers.get('content-type')})") from e
 
     def pages(self, path: str, key: str, **params: Any) -> Iterator[dict[str, Any]]:
         """Every item of a paged list (`key`: the list's field, e.g. task_instances)."""

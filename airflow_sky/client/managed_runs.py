@@ -16,6 +16,7 @@ from airflow_sky.client.managed_dag import borrowed_api, dag_get, run_path
 from airflow_sky.dags.managed import JOB_GROUP, MANAGED_DAG_ID
 from airflow_sky.errors import SpecError
 from airflow_sky.gang import job_status
+from airflow_sky.gang.queue_progress import queue_progress
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
 
 CANCEL_NOTE = "Cancelled with `airflow-sky jobs cancel`"
@@ -23,6 +24,7 @@ _ACTIVE = ("running", "deferred", "queued", "scheduled", "up_for_retry", "up_for
 _LOG_STEPS = ("setup_follow", "run_follow")
 _ENDED = ("success", "failed", "skipped", "upstream_failed", "removed")
 LOG_POLL_S = 2.0
+PROGRESS_API = "/airflow-sky/api/v1/progress"  # the deployment's plugin (airflow_sky.ui), when installed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,9 @@ class ManagedJob:
     submitted: datetime | None
     duration_s: float | None
     infra: str
+    # As the deployment's airflow-sky plugin reports it (gang.queue_progress: step, total, percent, rate,
+    # eta_s); None when the job reports none, or the deployment has no plugin to ask.
+    progress: dict[str, Any] | None = None
 
 
 def queue(limit: int = 50, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> list[ManagedJob]:
@@ -207,16 +212,36 @@ def _job(
     pushed = [x for x in (_job_status_xcom(client, dag_id, run["dag_run_id"], g) for g in groups) if x]
     status_xcom = pushed[-1] if pushed else None
     started, ended = _time(run.get("start_date")), _time(run.get("end_date"))
+    status = _status(run, tis, status_xcom)
     return ManagedJob(
         job_id=run["dag_run_id"],
         name=str(conf.get("pipeline") or task.get("name") or "-"),
-        status=_status(run, tis, status_xcom),
+        status=status,
         recoveries=sum(job_status.mirrored_recoveries(x) for x in pushed),
         num_nodes=num_nodes if isinstance(num_nodes, int) and not isinstance(num_nodes, bool) else None,
         submitted=_time(run.get("queued_at")) or started,
         duration_s=((ended or datetime.now(UTC)) - started).total_seconds() if started else None,
         infra=str(first.get("infra") or "local"),
+        progress=_progress(client, dag_id, run["dag_run_id"]) if groups else None,
     )
+
+
+def _progress(client: AirflowApi, dag_id: str, run_id: str) -> dict[str, Any] | None:
+    """The run's progress from the deployment's airflow-sky plugin (airflow_sky.ui: the JSON API the
+    progress view reads), its latest job that reports any; None when none does, or when the plugin is
+    not installed or cannot answer: the queue goes on without it."""
+    try:
+        page = client.plugin_get(PROGRESS_API + api_path(dag_id, run_id), history=0)
+    except ApiError:
+        return None
+    jobs = page.get("jobs") if isinstance(page, dict) else None
+    found = (
+        [queue_progress(j.get("progress")) for j in jobs if isinstance(j, dict)]
+        if isinstance(jobs, list)
+        else []
+    )
+    reported = [p for p in found if p is not None]
+    return reported[-1] if reported else None
 
 
 def _status(

@@ -1,4 +1,5 @@
-"""The Python SDK, mirroring SkyPilot's: launch, exec, tail_logs, job_status, queue, cancel, down, status.
+"""The Python SDK, mirroring SkyPilot's: launch, exec, tail_logs, job_status, queue, cancel, down, status
+(and job_progress: a job's progress as its ranks report it).
 
 Same engine as the CLI and the operators: launch/exec run the job's DAG in this process; the queue, logs
 and cancel read and act on the cluster itself (its job state, kept by the infra, and its nodes).
@@ -27,6 +28,7 @@ from airflow_sky.client.events import Event
 from airflow_sky.client.sdk_jobs import (
     cancel,
     download_logs,
+    job_progress,
     job_status,
     logs_dir,
     queue,
@@ -53,6 +55,7 @@ __all__ = [
     "exec",
     "forget",
     "infra_of",
+    "job_progress",
     "job_status",
     "launch",
     "logs_dir",

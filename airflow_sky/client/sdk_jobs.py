@@ -1,5 +1,5 @@
 """The SDK's calls on a cluster's jobs, mirroring SkyPilot's: tail_logs, download_logs, job_status, queue,
-cancel. They read and act on the cluster itself (its job state, kept by the infra, and its nodes), never
+cancel; and job_progress (a job's progress, as its ranks report it). They read and act on the cluster itself (its job state, kept by the infra, and its nodes), never
 Airflow; re-exported by client.sdk."""
 
 from __future__ import annotations
@@ -125,9 +125,21 @@ def job_status(cluster_name: str, job_ids: Sequence[int] | None = None) -> dict[
 
 
 def queue(cluster_name: str) -> list[dict[str, Any]]:
-    """Every job record of the cluster, oldest first (id, name, status, submitted/started/ended, exit codes)."""
+    """Every job record of the cluster, oldest first (id, name, status, submitted/started/ended, exit codes,
+    and `progress`: {"step", "total", "percent", "rate", "eta_s"} as its ranks report it, else None)."""
     with _jobs(cluster_name) as cluster_jobs:
         return list(cluster_jobs.records())
+
+
+def job_progress(cluster_name: str, job_id: int | None = None, with_history: bool = True) -> dict[str, Any]:
+    """A job's progress document (the latest job when `job_id` is None), as its ranks report it with
+    `@@airflow-sky-progress/1` lines (airflow_sky.progress.report): the job's step (its slowest rank's),
+    total, percent, rate and ETA, each rank's latest step, rate and metrics (with `with_history`, their
+    history too), and the recoveries with the time each cost. The document's shape is documented in
+    airflow_sky.gang.job_progress; a job that reported nothing has `reported_ranks` 0 and `step` None.
+    An unknown cluster or job raises ClusterError."""
+    with _jobs(cluster_name) as cluster_jobs:
+        return cluster_jobs.progress(job_id, with_history=with_history)
 
 
 def cancel(cluster_name: str, job_ids: Sequence[int] | None = None, all: bool = False) -> list[int]:

@@ -7,6 +7,7 @@ phase's watch for one round, so the status shown is the nodes' truth.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -22,11 +23,16 @@ from airflow_sky.gang.gang_job import GangJob, phase_ranks
 from airflow_sky.gang.job import PHASES, JobHandle, JobStatus, Phase, remote_job_id
 from airflow_sky.gang.log_files import copy_log, last_lines_offset
 from airflow_sky.gang.phases import job_states
+from airflow_sky.gang.queue_progress import queue_progress
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.logs import node_prefix
 from airflow_sky.task import Task
+
+log = logging.getLogger(__name__)
+# A job in these has run nothing yet: its progress is not read (a queue of many jobs reads only the others').
+_NOT_STARTED = (JobStatus.INIT, JobStatus.PENDING, JobStatus.SETTING_UP)
 
 
 class ClusterJobs:
@@ -71,9 +77,29 @@ class ClusterJobs:
     # ---- queue -----------------------------------------------------------------------------------------
 
     def records(self) -> list[dict[str, Any]]:
-        """Every job of the cluster, oldest first, with unfinished statuses brought up to date."""
+        """Every job of the cluster, oldest first, with unfinished statuses brought up to date; each with
+        its `progress` (gang.queue_progress: step, total, percent, rate, eta_s; None when it reports none)."""
         self.nodes  # noqa: B018 - a cluster that does not exist is an error, not an empty queue
-        return [self.refresh(state).to_record() for state in self.states.all()]
+        return [self._with_progress(self.refresh(state)) for state in self.states.all()]
+
+    def _with_progress(self, state: js.JobState) -> dict[str, Any]:
+        record = state.to_record()
+        record["progress"] = None
+        if state.status in _NOT_STARTED:
+            return record
+        try:
+            record["progress"] = queue_progress(self.job(state.job_id).progress(with_history=False))
+        except Exception as error:  # the queue is still worth showing without a job's progress
+            log.warning("progress of job %s not read: %s", state.job_id, error)
+        return record
+
+    def progress(self, job_id: int | None = None, with_history: bool = True) -> dict[str, Any]:
+        """The progress document of a job (the latest when `job_id` is None), read now."""
+        state = self.state(job_id)
+        doc = self.job(state.job_id).progress(with_history=with_history)
+        if doc is None:  # removed between the two reads (a cluster going down)
+            raise ClusterError(f"cluster {self.cluster.name!r} has no job {state.job_id}")
+        return doc
 
     def state(self, job_id: int | None = None) -> js.JobState:
         """One job's state (the latest job when `job_id` is None), brought up to date."""

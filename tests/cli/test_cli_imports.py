@@ -19,7 +19,7 @@ from airflow_sky.infra.local.cloud import LocalCloud
 def test_cli_and_sdk_modules_do_not_import_airflow_before_the_engine_configures_it() -> None:
     code = (
         "import sys, airflow_sky.client.cli, airflow_sky.client.sdk, airflow_sky.client.engine; "
-        "[__import__(f'airflow_sky.client.cli.{m}') for m in ('check', 'launch', 'cluster_jobs', 'managed_jobs', 'local', 'progress')]; "
+        "[__import__(f'airflow_sky.client.cli.{m}') for m in ('check', 'launch', 'cluster_jobs', 'managed_jobs', 'local', 'progress', 'progress_view', 'progress_cells')]; "
         "loaded = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]; "
         "print(loaded[:5]); sys.exit(bool(loaded))"
     )

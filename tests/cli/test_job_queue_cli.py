@@ -44,12 +44,17 @@ run: |
 
 @pytest.fixture(scope="module")
 def cluster(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    task = tmp_path_factory.mktemp("up") / "up.yaml"
-    task.write_text("name: up\nnum_nodes: 2\nrun: echo up\n")
-    launched = cli(env, "launch", "-c", CLUSTER, str(task), "-y")
+    yield from kept_cluster(env, tmp_path_factory.mktemp("up"), CLUSTER)
+
+
+def kept_cluster(env: dict[str, str], folder: Path, name: str, job: str = "up") -> Iterator[str]:
+    """A 2-node cluster launched with job 1 (`job`, which echoes), kept for the module, then taken down."""
+    task = folder / "up.yaml"
+    task.write_text(f"name: {job}\nnum_nodes: 2\nrun: echo up\n")
+    launched = cli(env, "launch", "-c", name, str(task), "-y")
     assert launched.returncode == 0, launched.stdout + launched.stderr
-    yield CLUSTER
-    cli(env, "down", CLUSTER, "-y")
+    yield name
+    cli(env, "down", name, "-y")
 
 
 def port_job(folder: Path, name: str) -> str:

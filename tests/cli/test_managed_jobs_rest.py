@@ -7,14 +7,12 @@ is the point, and a real Airflow (tests/scheduler) takes minutes to start.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -22,6 +20,7 @@ import pytest
 from airflow_sky.client import managed_jobs
 from airflow_sky.client.airflow_api import AirflowApi, ApiConfig, api_path, check_job_id
 from airflow_sky.errors import SpecError
+from tests.cli.stand_in import answer_json, jobs_queue, serve
 
 CLI = [sys.executable, "-m", "airflow_sky.client.cli"]
 HOSTILE_RUN = {
@@ -49,12 +48,7 @@ class StandIn(BaseHTTPRequestHandler):
         else:
             self.send_error(404)
             return
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        answer_json(self, body)
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -63,15 +57,8 @@ class StandIn(BaseHTTPRequestHandler):
 @pytest.fixture
 def stand_in() -> Iterator[tuple[str, list[str]]]:
     paths: list[str] = []
-    handler = type("Handler", (StandIn,), {"paths": paths})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", paths
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(StandIn, paths=paths) as url:
+        yield url, paths
 
 
 def test_rest_path_segments_are_quoted_whole_and_dot_segments_never_resolve():
@@ -115,16 +102,7 @@ def test_a_hostile_job_id_reaches_no_request_and_a_server_id_reaches_its_own_pat
 
 def test_jobs_queue_shows_a_run_confs_markup_as_text_for_everyone(stand_in):
     url, _ = stand_in
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_SKY_API")}
-    env.update({"AIRFLOW_SKY_API_URL": url, "AIRFLOW_SKY_API_TOKEN": "t", "COLUMNS": "200"})
-    done = subprocess.run(
-        [*CLI, "jobs", "queue"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    done = jobs_queue(url)
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if "manual__2026" in line)
     assert re.search(r"\[bold red\]boom\s+-\s+\[/x\]\s", line), done.stdout  # as written, NODES "-"

@@ -13,7 +13,15 @@ from typing import Any, TextIO
 from airflow_sky.errors import SkyError
 
 # module name -> each module defines `register(subparsers)`; the handler it sets returns an exit code.
-_SUBCOMMAND_MODULES = ("check", "launch", "clusters", "cluster_jobs", "managed_jobs", "local")
+_SUBCOMMAND_MODULES = (
+    "check",
+    "launch",
+    "clusters",
+    "cluster_jobs",
+    "progress_view",
+    "managed_jobs",
+    "local",
+)
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a process killed by SIGPIPE: `airflow-sky logs C | head`

@@ -13,7 +13,9 @@ from typing import Any, TextIO, cast
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from airflow_sky.client.cli.progress_cells import eta_cell, progress_cell
 from airflow_sky.errors import ClusterError, SpecError
 
 
@@ -130,14 +132,20 @@ def _queue(args: argparse.Namespace) -> int:
 
     records = sdk.queue(args.cluster)
     now = time.time()
+    # PROGRESS and ETA only when a job listed reports progress: a queue of jobs that never do keeps its
+    # 80 columns (a job that reports nothing shows `-` beside one that does).
+    reporting = any(record.get("progress") for record in records)
+    columns = ["ID", "NAME", "SUBMITTED", "DURATION", "NODES", "STATUS", "FAILED"]
+    if reporting:
+        columns[5:5] = ["PROGRESS", "ETA"]
     table = Table(title=f"Job queue of {args.cluster}")
-    for column in ("ID", "NAME", "SUBMITTED", "DURATION", "NODES", "STATUS", "FAILED"):
+    for column in columns:
         # Only the name gives way on a narrow terminal (folded); the rest stay whole.
         table.add_column(
             column, overflow="fold", no_wrap=column != "NAME", min_width=4 if column == "NAME" else None
         )
     for record in reversed(records):
-        table.add_row(
+        cells = [
             str(record["job_id"]),
             str(record.get("name") or "-"),
             _ago(record.get("submitted_at"), now),
@@ -145,7 +153,11 @@ def _queue(args: argparse.Namespace) -> int:
             str(record.get("num_nodes") or "-"),
             str(record.get("status")),
             failure_of(record),
-        )
+        ]
+        if reporting:
+            cells[5:5] = [progress_cell(record.get("progress")), eta_cell(record.get("progress"))]
+        # Text, not markup: a job's name is anyone's who may launch on the cluster.
+        table.add_row(*(Text(cell) for cell in cells))
     terminal_console().print(table)
     return 0
 

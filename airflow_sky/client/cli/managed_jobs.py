@@ -15,6 +15,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColum
 from rich.table import Table
 from rich.text import Text
 
+from airflow_sky.client.cli.progress_cells import eta_cell, progress_cell
 from airflow_sky.errors import SpecError
 
 if TYPE_CHECKING:  # (not at run time: it imports the DAG module, hence Airflow)
@@ -194,7 +195,8 @@ def _queue(args: argparse.Namespace) -> int:
 
 
 # `jobs queue`'s columns, left to right: (key, header, header when narrow). ID, NAME, #RECOVERIES and STATUS
-# always show; the others go, in DROP_ORDER, when the table would not fit the terminal.
+# always show; the others go, in DROP_ORDER, when the table would not fit the terminal. PROGRESS and ETA
+# come from the deployment's airflow-sky plugin (`-` without it, or for a job that reports nothing).
 QUEUE_COLUMNS = (
     ("id", "ID", "ID"),
     ("name", "NAME", "NAME"),
@@ -202,10 +204,12 @@ QUEUE_COLUMNS = (
     ("infra", "INFRA", "INFRA"),
     ("submitted", "SUBMITTED", "SUBMITTED"),
     ("duration", "DURATION", "DURATION"),
+    ("progress", "PROGRESS", "PROGRESS"),
+    ("eta", "ETA", "ETA"),
     ("recoveries", "#RECOVERIES", "#REC"),
     ("status", "STATUS", "STATUS"),
 )
-DROP_ORDER = ("infra", "nodes", "duration", "submitted")
+DROP_ORDER = ("infra", "nodes", "duration", "eta", "submitted", "progress")
 NAME_MIN = 10  # a longer name is cut to this (with an ellipsis) before a column is dropped
 GAP = 2  # rich's cell padding between two columns (none at the table's edges)
 
@@ -214,7 +218,10 @@ def queue_table(jobs: list[ManagedJob], now: datetime, width: int) -> Table:
     """`jobs queue`'s table for a terminal `width` columns wide: whole ids, statuses and short times on one
     line each; a long name is cut with an ellipsis, and less needed columns go when it would not fit."""
     rows = [_queue_cells(job, now) for job in jobs]
-    keys, headers = fit_queue_columns(rows, width)
+    # PROGRESS and ETA only when a job listed reports progress (as `airflow-sky queue`): a queue of jobs
+    # that never do keeps the room for the others.
+    hidden = () if any(job.progress for job in jobs) else ("progress", "eta")
+    keys, headers = fit_queue_columns(rows, width, hidden)
     natural = _widths(rows, keys, headers)
     others = sum(natural[key] for key in keys if key != "name") + GAP * (len(keys) - 1)
     table = Table(box=None, pad_edge=False)
@@ -230,10 +237,12 @@ def queue_table(jobs: list[ManagedJob], now: datetime, width: int) -> Table:
     return table
 
 
-def fit_queue_columns(rows: list[dict[str, str]], width: int) -> tuple[list[str], dict[str, str]]:
-    """The columns (keys, headers) that fit `width`: every one with its full header when it fits, else the
-    short headers and the fewest columns dropped (DROP_ORDER)."""
-    keys = [key for key, _, _ in QUEUE_COLUMNS]
+def fit_queue_columns(
+    rows: list[dict[str, str]], width: int, hidden: tuple[str, ...] = ()
+) -> tuple[list[str], dict[str, str]]:
+    """The columns (keys, headers) that fit `width`, but those `hidden`: every one with its full header
+    when it fits, else the short headers and the fewest columns dropped (DROP_ORDER)."""
+    keys = [key for key, _, _ in QUEUE_COLUMNS if key not in hidden]
     full = {key: header for key, header, _ in QUEUE_COLUMNS}
     short = {key: header for key, _, header in QUEUE_COLUMNS}
 
@@ -244,7 +253,7 @@ def fit_queue_columns(rows: list[dict[str, str]], width: int) -> tuple[list[str]
 
     if needed(keys, full) <= width:
         return keys, full
-    for drop in DROP_ORDER:
+    for drop in (key for key in DROP_ORDER if key in keys):
         if needed(keys, short) <= width:
             break
         keys.remove(drop)
@@ -264,6 +273,8 @@ def _queue_cells(job: ManagedJob, now: datetime) -> dict[str, str]:
         "infra": job.infra,
         "submitted": _ago(job.submitted, now),
         "duration": _duration(job.duration_s),
+        "progress": progress_cell(job.progress),
+        "eta": eta_cell(job.progress),
         "recoveries": str(job.recoveries),
         "status": job.status,
     }
