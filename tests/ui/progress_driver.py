@@ -202,7 +202,9 @@ def run(config: dict[str, Any], report: dict[str, Any], stage: Stage, password: 
     report["run_id"] = run_id
     report["api"] = {"running": _api_answers(client, dag_id, run_id)}
     with chromium() as browser:
-        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        context.set_default_timeout(PAGE_TIMEOUT_MS)  # every load, click and wait of its pages
+        page = context.new_page()
         stage.report["stage"] = "signing in"
         log_in(page, API, USER, password, PAGE_TIMEOUT_MS)
         page.goto(f"{API}/airflow-sky/progress/{quote(dag_id, safe='')}/{quote(run_id, safe='')}")

@@ -39,6 +39,7 @@ _READ_VIEW_JS = """
     fields: Object.fromEntries(['step', 'total', 'percent', 'eta', 'slowest-rank', 'generation', 'updated']
       .map((name) => [name, jobField(section, name)])),
     ranks: Object.fromEntries([...section.querySelectorAll('tr.sky-rank')].map((row) => [row.dataset.rank, {
+      stale: row.classList.contains('stale'),
       step: text(row.querySelector('td[data-field="step"]')),
       rate: text(row.querySelector('td[data-field="rate"]')),
       metrics: Object.fromEntries([...row.querySelectorAll('td[data-metric]')]
@@ -102,11 +103,12 @@ def number(text: str | None) -> float | None:
 
 
 def rank_steps(job: dict[str, Any]) -> dict[int, tuple[int, float | None]]:
-    """Each shown rank's (step, loss); a rank without a step yet is left out."""
+    """Each shown rank's (step, loss); a rank without a step yet is left out, and so is a stale one (the
+    view marks a rank whose report is old or of an earlier generation than the job's)."""
     shown = {}
     for rank, row in job["ranks"].items():
         step = number(row["step"])
-        if step is not None:
+        if step is not None and not row["stale"]:
             shown[int(rank)] = (int(step), number(row["metrics"].get("loss")))
     return shown
 
