@@ -44,7 +44,7 @@ SLOWEST_FILES = (
     "tests/cli/test_first_user.py",
     "tests/dags/test_pipelines.py",
     "tests/scheduler/test_shared_cluster.py",
-    "tests/ui/test_progress_api.py",  # an API server, a 2-node job and Chromium: ~75 s on an idle machine
+    "tests/ui/test_progress_api.py",  # an API server, two jobs and Chromium: ~105 s on an idle machine
 )
 
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.

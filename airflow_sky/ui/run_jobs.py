@@ -98,7 +98,13 @@ def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = Tr
     for (task_id, _), value in sorted(handles.items()):
         if task_id.rpartition(".")[2] != PROVISION_TASK or not isinstance(value, dict):
             continue
-        handle = JobHandle.from_dict(value)
+        try:
+            handle = JobHandle.from_dict(value)
+        except (KeyError, TypeError, ValueError) as err:  # not a sky job's handle: another task's XCom
+            log.warning(
+                "%s.%s: XCom %r is not a job handle (%s); left out", dag_id, task_id, HANDLE_XCOM_KEY, err
+            )
+            continue
         group = group_of(task_id)
         progress = live_progress(handle, with_history)
         source = "live"

@@ -33,6 +33,7 @@ from tests.dags.conftest import AIRFLOW, airflow_home  # noqa: F401  # the sessi
 
 DAG_ID = "sky_progress_api"
 CLUSTER = "ui-progress-api"
+QUIET = "ui-progress-quiet"
 STEPS = 4
 PASSWORDS = {"admin": "admin-pw", "viewer": "viewer-pw"}
 SERVER_START_S = 300.0  # the API server's start on a loaded 2-core machine
@@ -40,7 +41,7 @@ HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
 CHROMIUM = "/usr/bin/chromium"
 
 DAG = f"""
-from airflow.sdk import DAG
+from airflow.sdk import DAG, TaskGroup, task
 from airflow_sky import Task, sky_job
 
 run = '''
@@ -51,6 +52,15 @@ done
 '''
 with DAG({DAG_ID!r}, schedule=None) as dag:
     sky_job(Task(name="train", num_nodes=2, run=run), cluster_name={CLUSTER!r}, down=False)
+    # A job that reports nothing and whose cluster is gone at the end: no progress to show.
+    sky_job(Task(name="quiet", run="echo no progress here"), cluster_name={QUIET!r}, down=True)
+    with TaskGroup("other"):  # another task that happens to be named provision and push a "handle"
+
+        @task(task_id="provision")
+        def not_a_job(ti=None):
+            ti.xcom_push(key="handle", value={{"cluster": "not a job handle"}})
+
+        not_a_job()
 """
 
 
@@ -148,8 +158,9 @@ def stack(
     finally:
         if server is not None:
             server.stop()
-        LocalCloud().terminate(CLUSTER)
-        assert daemon.processes_with_marker(CLUSTER) == []
+        for cluster in (CLUSTER, QUIET):
+            LocalCloud().terminate(cluster)
+            assert daemon.processes_with_marker(cluster) == []
 
 
 def _api(stack: dict[str, Any], run_id: str | None = None, query: str = "") -> str:
@@ -200,8 +211,13 @@ def test_the_api_reads_a_kept_clusters_job_live_with_each_ranks_history_and_log_
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert (body["dag_id"], body["run_id"]) == (DAG_ID, stack["run_id"])
-    (job,) = body["jobs"]
-    assert (job["group"], job["cluster"], job["infra"], job["source"]) == ("train", CLUSTER, "local", "live")
+    jobs = {job["group"]: job for job in body["jobs"]}
+    assert set(jobs) == {"train", "quiet"}  # other.provision's XCom is no job handle: left out
+    quiet = jobs["quiet"]  # its cluster is gone and it pushed no final progress
+    assert (quiet["cluster"], quiet["source"], quiet["progress"]) == (QUIET, "none", None)
+    assert list(quiet["log_urls"]) == ["0"]
+    job = jobs["train"]
+    assert (job["cluster"], job["infra"], job["source"]) == (CLUSTER, "local", "live")
     doc = job["progress"]
     assert doc["job_id"] == job["job_id"]
     assert (doc["step"], doc["total"], doc["percent"]) == (STEPS, STEPS, 100.0)
@@ -216,7 +232,8 @@ def test_the_api_reads_a_kept_clusters_job_live_with_each_ranks_history_and_log_
     # The UI's own way in: its session cookie; a viewer may read a DAG's runs.
     slim = httpx.get(_api(stack, query="?history=0"), cookies={"_token": stack["server"].token("viewer")})
     assert slim.status_code == 200, slim.text
-    assert all("history" not in row for row in slim.json()["jobs"][0]["progress"]["ranks"])
+    (train,) = [job for job in slim.json()["jobs"] if job["group"] == "train"]
+    assert all("history" not in row for row in train["progress"]["ranks"])
 
 
 def _make_hostile(job_id: int) -> None:
@@ -296,7 +313,7 @@ def _wait(check: Callable[[], bool], what: str, timeout_s: float = 120.0) -> Non
 def test_the_page_shows_the_job_refreshes_and_escapes_every_value(stack: dict[str, Any]) -> None:
     token = stack["server"].token("viewer")
     answer = httpx.get(_api(stack), cookies={"_token": token}, timeout=60).json()
-    job_id = answer["jobs"][0]["job_id"]
+    (job_id,) = [job["job_id"] for job in answer["jobs"] if job["group"] == "train"]
     _make_hostile(job_id)
     url = _api(stack).replace("/api/v1/progress/", "/progress/") + "?rank=1"
     with _chromium_page(stack, token) as page:
@@ -321,6 +338,9 @@ def test_the_page_shows_the_job_refreshes_and_escapes_every_value(stack: dict[st
         }
         assert job.locator('[data-field="eta"]').text_content()
         assert job.locator('[data-field="updated"]').text_content().endswith("ago")
+        quiet = page.locator(f'section.sky-job[data-cluster="{QUIET}"]')
+        assert quiet.get_attribute("data-source") == "none"
+        assert quiet.locator("tr.sky-rank").count() == 0
         rows = job.locator("tr.sky-rank")
         assert rows.count() == 2
         rank1 = job.locator('tr.sky-rank[data-rank="1"]')
@@ -385,7 +405,10 @@ def test_a_terminated_clusters_job_shows_the_final_progress_its_run_pushed(stack
     headers = {"Authorization": f"Bearer {stack['admin']}"}
     deadline = time.monotonic() + 120
     while True:  # the answer of the last second may still be cached
-        (job,) = httpx.get(_api(stack), headers=headers, timeout=60).json()["jobs"]
+        jobs = {
+            job["group"]: job for job in httpx.get(_api(stack), headers=headers, timeout=60).json()["jobs"]
+        }
+        job = jobs["train"]
         if job["source"] != "live" or time.monotonic() > deadline:
             break
         time.sleep(0.5)
