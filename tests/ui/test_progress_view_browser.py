@@ -1,10 +1,11 @@
 """Watching a training job in the Airflow UI (issue 31's "done when"), in a real browser, under a real Airflow.
 
 A 2-node minGPT job (examples/mingpt, real torchrun DDP on the local infra) runs under `airflow standalone`
-(scheduler, dag-processor, triggerer, API server with the airflow-sky plugin) in a private network namespace.
-Headless Chromium signs in with the auth manager's password and watches the plugin's progress view: each
-rank's step and loss advance; rank 1's node is preempted; the view shows the recovery and both ranks
-advancing again. See progress_driver.py for what it does, step by step; the assertions are here.
+(scheduler, dag-processor, triggerer, API server with the airflow-sky plugin) in a private network namespace;
+its run follow tasks defer at once, so the triggerer's triggers collect the progress. Headless Chromium
+signs in with the auth manager's password and watches the plugin's progress view: each rank's step and
+loss advance, with its rate and the job's ETA; rank 1's node is preempted; the view shows the recovery and
+both ranks advancing again. See progress_driver.py for what it does, step by step; the assertions are here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from airflow_sky.infra.local import daemon
 from tests.scheduler.stack import REPO, run_in_private_network, terminate_clusters
+from tests.ui.progress_page import number
 
 pytest.importorskip("torch")
 
@@ -42,7 +44,8 @@ task.update_envs({envs!r})
 # A preempted node is replaced and the job relaunched (FAILOVER: on the same infra).
 task.set_resources({{"cpus": "1+", "job_recovery": {{"strategy": "FAILOVER"}}}})
 with DAG({dag_id!r}, schedule=None) as dag:
-    sky_job(task, cluster_name={cluster!r})
+    # The run follow tasks wait in the triggerer at once: its triggers collect the ranks' progress.
+    sky_job(task, cluster_name={cluster!r}, deferrable=True, defer_after_s=0)
 """
 
 
@@ -91,6 +94,14 @@ def _reads(report: dict[str, Any], when: str) -> dict[int, list[list[float]]]:
     return {int(rank): reads for rank, reads in report["reads"][when].items()}
 
 
+def _assert_rates_and_eta_shown(job: dict[str, Any]) -> None:
+    """While the job runs: each rank's rate (steps/s of its generation) and the job's ETA are shown."""
+    for rank, row in job["ranks"].items():
+        rate = number(row["rate"])
+        assert rate is not None and rate > 0, (rank, row)
+    assert any(c.isdigit() for c in job["fields"]["eta"] or ""), job["fields"]  # e.g. "1m 8s", not a dash
+
+
 def test_the_api_refuses_a_request_without_airflow_auth_and_answers_the_run_with_it(
     watched: dict[str, Any],
 ) -> None:
@@ -114,6 +125,7 @@ def test_the_view_shows_each_rank_advancing_with_its_loss(watched: dict[str, Any
     assert watched["views"]["before"]["loaded"] and watched["views"]["before"]["refreshes"] >= 2
     assert job["fields"]["generation"] == "0" and job["fields"]["total"] == ENVS["MAX_STEPS"], job
     assert job["charts"].get("loss", 0) >= 1, job["charts"]  # a loss chart, a line per rank
+    _assert_rates_and_eta_shown(job)
     for shown in ("0", "1"):
         assert "run_follow" in str(job["ranks"][shown]["log"]), job["ranks"][shown]  # that rank's log
 
@@ -125,6 +137,7 @@ def test_a_preempted_rank_shows_as_a_recovery_and_every_rank_advances_again(watc
     assert "1" in recovery["ranks"].split(","), recovery
     assert recovery["text"], recovery  # when, which ranks, time lost, steps redone
     assert job["fields"]["generation"] == "1"
+    _assert_rates_and_eta_shown(job)
     for rank, reads in _reads(watched, "after").items():
         steps = [step for step, _ in reads]
         assert len(steps) >= 2 and steps == sorted(set(steps)), (rank, reads)
