@@ -23,6 +23,7 @@ from airflow_sky.client.cli.progress_cells import (
     short_duration,
 )
 from airflow_sky.errors import SpecError
+from airflow_sky.gang.queue_progress import queue_progress
 
 METRIC_COLUMNS = 6  # a table shows the first metrics the ranks reported; --json has them all
 _TERMINAL = ("SUCCEEDED", "FAILED", "FAILED_SETUP", "CANCELLED")
@@ -135,7 +136,7 @@ def ranks_table(doc: Mapping[str, Any], now: float) -> Table:
                 Text(cell)
                 for cell in (
                     str(row.get("rank")),
-                    progress_cell(row) if row.get("total") else str(row.get("step")),
+                    progress_cell(queue_progress(row)),
                     rate_cell(row.get("rate")),
                     *(metric_cell(values.get(m)) for m in metrics),
                     f"{short_duration(now - updated)} ago" if updated is not None else "-",

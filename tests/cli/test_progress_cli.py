@@ -1,0 +1,157 @@
+"""A job's progress through the real CLI and SDK on a real 2-node local cluster: a job whose ranks echo
+`@@airflow-sky-progress/1` lines shows its step (its slowest rank's), percent and ETA in `queue` while it runs
+and after it ended, `progress` prints every rank's step, rate and loss, the SDK returns the progress
+document; a job that reports nothing shows `-`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.cli import test_jobs_cli
+from tests.cli.test_job_queue_cli import Reader, kept_cluster
+
+# The CLI in a private sky home for this module (the `env` fixture), as the kept-cluster tests run it.
+CLI, cli, env = test_jobs_cli.CLI, test_jobs_cli.cli, test_jobs_cli.env
+
+CLUSTER = "progress-c"
+
+# Rank 1 runs ahead to step 6, rank 0 stops at step 3 until $RELEASE exists; then rank 0 reports step 10 and
+# rank 1 step 9 of 10, their last. Each report carries its own time, one second a step, so each rank's rate
+# is 1 step/s whatever the load on the machine, and the job's ETA is the slowest rank's: (10 - 3) / 1 = 7 s.
+# (An in-process launch follows rank 0 live, the other ranks' follow tasks read their logs after it: rank 0
+# is the slow one here, so the job's step reads 3 whichever ranks' reports are in yet.)
+REPORTING = """\
+name: reporting
+num_nodes: 2
+run: |
+  T0=$(( $(date +%s) - 10 ))
+  LAST=$(( SKYPILOT_NODE_RANK == 0 ? 3 : 6 ))
+  for i in $(seq 1 $LAST); do
+    echo "@@airflow-sky-progress/1 {\\"step\\":$i,\\"total\\":10,\\"time\\":$((T0 + i)),\\"metrics\\":{\\"loss\\":$((10 - i)).5}}"
+  done
+  while [ ! -f "$RELEASE" ]; do sleep 0.2; done
+  FINAL=$(( SKYPILOT_NODE_RANK == 0 ? 10 : 9 ))
+  echo "@@airflow-sky-progress/1 {\\"step\\":$FINAL,\\"total\\":10,\\"time\\":$((T0 + 20)),\\"metrics\\":{\\"loss\\":0.25}}"
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A kept 2-node cluster whose job 1 reported nothing."""
+    yield from kept_cluster(env, tmp_path_factory.mktemp("up"), CLUSTER, job="silent")
+
+
+def queue_rows(env: dict[str, str], cluster: str) -> dict[str, dict[str, str]]:
+    """job id -> the row's cells by column, from `queue` wide enough for every cell to stay on its line."""
+    out = cli({**env, "COLUMNS": "200"}, "queue", cluster)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # (the header's rules are heavy: ┃)
+    rows = [[c.strip() for c in line.replace("┃", "│").split("│")[1:-1]] for line in out.stdout.splitlines()]
+    header = next(row for row in rows if row and row[0] == "ID")
+    return {row[0]: dict(zip(header, row, strict=True)) for row in rows if row and row[0].isdigit()}
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 300) -> object:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(1.0)
+    raise AssertionError(f"{what} never came; last: {last}")
+
+
+def sdk_progress(env: dict[str, str], cluster: str, job_id: str) -> dict:
+    script = f"import json, airflow_sky as sky; print(json.dumps(sky.job_progress({cluster!r}, {job_id})))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_a_reporting_job_shows_its_slowest_ranks_step_and_eta_while_it_runs_and_after(env, cluster, tmp_path):
+    release = tmp_path / "release"
+    (tmp_path / "reporting.yaml").write_text(REPORTING)
+    # A followed exec (its follow tasks read the ranks' logs, and collect the reports on the way), read from
+    # here as another terminal would.
+    execute = Reader(env, "exec", cluster, str(tmp_path / "reporting.yaml"), "--env", f"RELEASE={release}")
+    job = execute.wait_for(f" on cluster {cluster} ").split("Job ", 1)[1].split()[0]
+    try:
+        rows = wait_for(
+            "job's progress in the queue",
+            lambda: (r := queue_rows(env, cluster)).get(job, {}).get("PROGRESS") == "3/10 30%" and r,
+        )
+        assert isinstance(rows, dict)
+        assert rows[job]["STATUS"] == "RUNNING" and rows[job]["ETA"] == "7s", rows
+        assert rows["1"]["PROGRESS"] == "-" and rows["1"]["ETA"] == "-", rows  # job 1 reported nothing
+
+        doc = sdk_progress(env, cluster, job)
+        assert (doc["job_id"], doc["status"], doc["step"], doc["total"]) == (int(job), "RUNNING", 3, 10), doc
+        assert doc["percent"] == 30.0 and doc["rate"] == 1.0 and doc["eta_s"] == 7.0, doc
+        ranks = {r["rank"]: r for r in doc["ranks"]}
+        assert (ranks[0]["step"], ranks[0]["metrics"], len(ranks[0]["history"])) == (3, {"loss": 7.5}, 3), doc
+        assert 1 not in ranks or ranks[1]["step"] == 6, doc  # ahead: not the job's step
+
+        shown = cli({**env, "COLUMNS": "200"}, "progress", cluster, job)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert f"Job {job} on {cluster}: RUNNING, step 3/10 30%, 1/s, ETA 7s" in shown.stdout, shown.stdout
+        assert rank_rows(shown.stdout)["0"][1:4] == ["3/10 30%", "1/s", "7.5"], shown.stdout
+        # --watch reads on until the job ends (on no terminal, only its last view is printed).
+        watcher = Reader(env, "progress", cluster, job, "--watch", "--interval", "0.5")
+    finally:
+        release.touch()
+    assert execute.finish() == 0, execute.output
+    assert watcher.finish() == 0, watcher.output
+    assert f"Job {job} on {cluster}: SUCCEEDED" in watcher.output, watcher.output
+    # Ended: every rank's last report is in; the job's step is the slowest rank's, and it has no ETA.
+    rows = queue_rows(env, cluster)
+    assert rows[job]["STATUS"] == "SUCCEEDED" and rows[job]["PROGRESS"] == "9/10 90%", rows
+    assert rows[job]["ETA"] == "-", rows
+    doc = sdk_progress(env, cluster, job)
+    assert (doc["step"], doc["slowest_rank"], doc["eta_s"]) == (9, 1, None), doc
+    assert [(r["rank"], r["step"], r["metrics"]) for r in doc["ranks"]] == [
+        (0, 10, {"loss": 0.25}),
+        (1, 9, {"loss": 0.25}),
+    ], doc
+    shown = cli({**env, "COLUMNS": "200"}, "progress", cluster)  # the latest job: this one
+    assert f"Job {job} on {cluster}: SUCCEEDED, step 9/10 90%" in shown.stdout, shown.stdout
+    assert "slowest rank 1" in shown.stdout and "2/2 ranks reporting" in shown.stdout, shown.stdout
+    assert [rank_rows(shown.stdout)[r][1] for r in ("0", "1")] == ["10/10 100%", "9/10 90%"], shown.stdout
+    latest = cli(env, "progress", cluster, "--json")
+    assert latest.returncode == 0, latest.stderr
+    assert json.loads(latest.stdout)["step"] == 9
+
+
+def rank_rows(out: str) -> dict[str, list[str]]:
+    """rank -> its row's cells, from `progress`'s table."""
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()]
+    return {row[0]: row for row in rows if len(row) > 3 and row[0].isdigit()}
+
+
+def test_a_job_that_reports_nothing_shows_a_dash_and_says_why(env, cluster):
+    shown = cli(env, "progress", cluster, "1")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"Job 1 on {cluster}: SUCCEEDED" in shown.stdout
+    assert "No progress reported" in shown.stdout and "@@airflow-sky-progress/1" in shown.stdout
+    doc = sdk_progress(env, cluster, "1")
+    assert doc["reported_ranks"] == 0 and doc["step"] is None and doc["ranks"] == [], doc
+
+
+def test_progress_of_an_unknown_job_or_cluster_is_one_error_line(env, cluster):
+    for argv, message in {
+        ("progress", cluster, "99"): f"cluster {cluster!r} has no job 99",
+        ("progress", cluster, "0"): "job id: must be a positive integer",
+        ("progress", "no-such-c"): "cluster 'no-such-c' not found",
+        ("progress", cluster, "--watch", "--json"): "--json and --watch cannot be combined",
+    }.items():
+        result = cli(env, *argv)
+        assert result.returncode != 0 and message in result.stderr, (argv, result.stdout + result.stderr)
+        assert "Traceback" not in result.stderr, argv
