@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 from collections.abc import Iterator
 from typing import Any
 
 from playwright.sync_api import Browser, Page, sync_playwright
 
-# Debian's Chromium, never a downloaded one; no sandbox (root in CI), nothing fetched from the network.
-CHROMIUM = "/usr/bin/chromium"
+# Debian's Chromium (scripts/bootstrap.sh installs it), never a downloaded one; no sandbox (root in CI),
+# nothing fetched from the network.
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -64,8 +65,11 @@ _READ_VIEW_JS = """
 @contextlib.contextmanager
 def chromium() -> Iterator[Browser]:
     """Headless Debian Chromium; closed (and playwright's driver stopped) whatever happens."""
+    executable = shutil.which("chromium")
+    if executable is None:
+        raise RuntimeError("chromium is not on PATH (scripts/bootstrap.sh --tests installs Debian's)")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
             yield browser
         finally:
