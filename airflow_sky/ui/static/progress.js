@@ -210,6 +210,17 @@
       svg.appendChild(poly);
     });
     wrap.appendChild(svg);
+    var legend = el("div", { "class": "sky-legend" });
+    var shown = {};
+    Object.keys(lines).forEach(function (k) {
+      var rank = lines[k].rank;
+      if (shown[rank]) return;
+      shown[rank] = true;
+      var item = el("span", {}, "rank " + rank);
+      item.insertBefore(el("i", { "style": "background:" + COLORS[rank % COLORS.length] }), item.firstChild);
+      legend.appendChild(item);
+    });
+    wrap.appendChild(legend);
     return wrap;
   }
 
@@ -221,7 +232,7 @@
       if (r.at) text += " at " + clock(r.at);
       if (r.reason) text += " (" + r.reason + ")";
       text += "; " + (r.lost_s === null || r.lost_s === undefined ? "time lost unknown" : duration(r.lost_s) + " lost");
-      if (r.steps_redone !== null && r.steps_redone !== undefined) text += ", " + num(r.steps_redone) + " steps redone";
+      if (r.steps_redone !== null && r.steps_redone !== undefined) text += ", " + num(r.steps_redone) + (r.steps_redone === 1 ? " step" : " steps") + " redone";
       list.appendChild(el("li", { "class": "sky-recovery", "data-generation": num(r.generation), "data-ranks": ranks }, text));
     });
     return list;
@@ -245,8 +256,12 @@
       section.appendChild(bar);
     }
     var ranks = (doc.ranks || []).slice().sort(function (a, b) { return a.rank - b.rank; });
-    section.appendChild(rankTable(ranks, job.log_urls));
-    section.appendChild(charts(ranks));
+    if (ranks.length) {
+      section.appendChild(rankTable(ranks, job.log_urls));
+      section.appendChild(charts(ranks));
+    } else {
+      section.appendChild(el("p", { "class": "sky-empty" }, "No rank has reported progress."));
+    }
     if ((doc.recoveries || []).length) {
       section.appendChild(el("h3", {}, "Recoveries"));
       section.appendChild(recoveries(doc.recoveries));
