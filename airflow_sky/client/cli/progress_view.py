@@ -148,13 +148,14 @@ def ranks_table(doc: Mapping[str, Any], now: float) -> Table:
 
 
 def recovery_line(recovery: Mapping[str, Any]) -> str:
-    """'generation 1: restart of ranks 1,2 (rank 1 exited 137), 42s lost, 30 steps redone'."""
-    ranks = ",".join(str(r) for r in recovery.get("ranks") or ()) or "all"
-    action = recovery.get("action") or "relaunch"
+    """'generation 1: RECOVER ranks 1,2 (node lost), 42s lost, 30 steps redone'."""
+    ranks = [str(r) for r in recovery.get("ranks") or ()]
+    who = f"rank{'s' if len(ranks) > 1 else ''} {','.join(ranks)}" if ranks else "every rank"
+    action = recovery.get("action") or "RELAUNCH"  # gang.recovery's words: RECOVER (nodes replaced), RESTART
     reason = f" ({recovery['reason']})" if recovery.get("reason") else ""
     lost = f"{short_duration(recovery.get('lost_s') or 0)} lost"
     if recovery.get("resumed_at") is None:
         lost += " so far"
     redone = recovery.get("steps_redone")
     steps = f", {redone} steps redone" if redone is not None else ""
-    return f"generation {recovery.get('generation')}: {action} of ranks {ranks}{reason}, {lost}{steps}"
+    return f"generation {recovery.get('generation')}: {action} {who}{reason}, {lost}{steps}"
