@@ -123,3 +123,31 @@ def test_each_ranks_steps_are_recorded_the_final_metrics_are_in_xcom_and_statsd_
     assert f"airflow.airflow_sky.job.step{tags}:4|g" in gauges, gauges
     assert f"airflow.airflow_sky.job.step.{dag_id}.{cluster}.1:4|g" in gauges, gauges  # the legacy name
     assert daemon.processes_with_marker(cluster) == []
+
+
+def test_a_failed_job_keeps_the_heads_last_metrics_in_xcom(
+    run_dag: Callable[..., DagRunResult], airflow_home: dict[str, str]
+) -> None:
+    # Rank 0 reports steps 1 and 2 and trains on; rank 1 fails: every rank is killed, the run fails.
+    run = (
+        'for i in 1 2; do echo "@@airflow-sky-progress/1 {\\"step\\":$i,\\"metrics\\":{\\"loss\\":$i}}"; done; '
+        'if [ "$SKYPILOT_NODE_RANK" = 1 ]; then sleep 2; exit 3; fi; sleep 3600'
+    )
+    source = f"""
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_job
+
+with DAG("progress_failed", schedule=None) as dag:
+    sky_job(Task(name="prog", num_nodes=2, run={run!r}), cluster_name="progress-f")
+"""
+    result = run_dag("progress_failed", source)
+    assert result.returncode != 0 and "rank 1 failed with exit code 3" in result.output, result.digest
+    db = Path(airflow_home["AIRFLOW_HOME"]) / "airflow.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute(
+            "SELECT task_id, map_index, value FROM xcom WHERE dag_id = 'progress_failed' AND key = 'progress'"
+        ).fetchall()
+    assert [(task_id, index) for task_id, index, _ in rows] == [("prog.run_follow", 0)], rows
+    final = json.loads(rows[0][2])
+    assert final["ranks"][0] == {"rank": 0, "step": 2, "metrics": {"loss": 2.0}}, final
+    assert daemon.processes_with_marker("progress-f") == []
