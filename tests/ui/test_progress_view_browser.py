@@ -126,8 +126,9 @@ def test_the_view_shows_each_rank_advancing_with_its_loss(watched: dict[str, Any
     assert job["fields"]["generation"] == "0" and job["fields"]["total"] == ENVS["MAX_STEPS"], job
     assert job["charts"].get("loss", 0) >= 1, job["charts"]  # a loss chart, a line per rank
     _assert_rates_and_eta_shown(job)
-    for shown in ("0", "1"):
-        assert "run_follow" in str(job["ranks"][shown]["log"]), job["ranks"][shown]  # that rank's log
+    for shown in ("0", "1"):  # a link to that rank's run follow task instance (its log) in the Airflow UI
+        log = str(job["ranks"][shown]["log"])
+        assert log.endswith(f"/runs/{watched['run_id']}/tasks/minGPT-ddp.run_follow/mapped/{shown}"), log
 
 
 def test_a_preempted_rank_shows_as_a_recovery_and_every_rank_advances_again(watched: dict[str, Any]) -> None:
