@@ -45,6 +45,7 @@ SLOWEST_FILES = (
     "tests/dags/test_pipelines.py",
     "tests/scheduler/test_shared_cluster.py",
     "tests/ui/test_progress_api.py",  # an API server, two jobs and Chromium: ~105 s on an idle machine
+    "tests/dags/test_progress_dag.py",  # three `airflow dags test` runs: ~110 s
 )
 
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
