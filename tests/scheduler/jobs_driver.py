@@ -9,7 +9,8 @@ Runs inside a private network namespace (see stack.py). The scenario, as a user 
    does not allow) fail their spec task with the policy's line, no node started (checked at the end);
 2. `jobs launch train.yaml --secret TOKEN` (the value from the environment) follows the job's logs; the CLI is
    killed once every rank runs; a worker node is then preempted; `jobs queue` shows RECOVERING, then
-   SUCCEEDED with one recovery; `jobs logs` shows both generations of every rank;
+   SUCCEEDED with one recovery; `jobs logs` shows both generations of every rank; the job's ranks report
+   progress, which `jobs queue` shows (the deployment's progress plugin) while it runs and after;
 3. `jobs launch --detach` of a long job (with a local workdir), `jobs cancel` once it runs: CANCELLED, no
    node left, and its files gone from the jobs bucket;
 4. a pipeline runs its tasks in order; one longer than the DAG's slots is refused locally;
@@ -24,6 +25,7 @@ Usage: jobs_driver.py CONFIG.json REPORT.json; CONFIG: {"home", "probe", "timeou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -64,10 +66,19 @@ setup: |
 run: |
   echo "rank $SKYPILOT_NODE_RANK gen $AIRFLOW_SKY_RECOVERY_COUNT token=$TOKEN"
   echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> "$PROBE/starts"
-  if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 600; fi
+  # Progress as a training loop reports it: step 3 of 10 until preempted, the last step once recovered
+  # (braces doubled: the YAML is a format string).
+  if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then
+    echo '@@airflow-sky-progress/1 {{"step":3,"total":10,"metrics":{{"loss":0.5}}}}'
+    sleep 600
+  fi
   sleep 2
+  echo '@@airflow-sky-progress/1 {{"step":10,"total":10,"metrics":{{"loss":0.25}}}}'
   echo "rank $SKYPILOT_NODE_RANK done"
 """
+# The progress plugin (airflow_sky.ui) as a deployment may install it: a module of its plugins folder (the
+# package's airflow.plugins entry point loads the same plugin once: Airflow skips a second registration).
+PLUGIN_FILE = "from airflow_sky.ui.plugin import SkyProgressPlugin  # noqa: F401\n"
 LONG = """name: long
 num_nodes: 2
 workdir: .
@@ -191,6 +202,15 @@ def scenario(
     report["train_job"] = job_id
     run = _get(client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{job_id}").json()
     report["train_conf"] = run["conf"]
+    # `jobs queue` shows the running job's step through the deployment's progress plugin (live).
+    report["train_live_queue"] = ""
+
+    def live_progress() -> bool:
+        report["train_live_queue"] = _cli({**env, "COLUMNS": "200"}, "jobs", "queue").stdout
+        return "3/10 30%" in report["train_live_queue"]
+
+    with contextlib.suppress(RuntimeError):  # the test says what was shown
+        _until("jobs queue to show the running job's progress", live_progress, 120, report, poll_s=2.0)
     (probe / "launched").write_text("")
     LocalCloud().preempt("managed-train", 1)
     seen: list[str] = []
@@ -204,6 +224,7 @@ def scenario(
     _until("the first job to end", ended, 420, report, poll_s=0.5)
     report["train_statuses"] = seen
     report["train_queue"] = _cli(env, "jobs", "queue").stdout  # not a terminal: 80 columns
+    report["train_queue_wide"] = _cli({**env, "COLUMNS": "200"}, "jobs", "queue").stdout
     logs = _cli(env, "jobs", "logs", job_id, "--no-follow")
     report["train_logs"] = logs.stdout + logs.stderr
     report["train_starts"] = _starts(probe, "starts")
@@ -356,6 +377,8 @@ def main(config_path: str, report_path: str) -> int:
     home, probe = Path(config["home"]), Path(config["probe"])
     (home / "dags").mkdir(parents=True, exist_ok=True)
     (home / "dags" / "airflow_sky_jobs.py").write_text(DAG_FILE)
+    (home / "plugins").mkdir(exist_ok=True)
+    (home / "plugins" / "airflow_sky_progress.py").write_text(PLUGIN_FILE)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     log = home / "standalone.log"
     # The S3 API the jobs bucket lives on, in this namespace: the CLI, the workers and the nodes reach it.
