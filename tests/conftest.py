@@ -46,6 +46,7 @@ SLOWEST_FILES = (
     "tests/scheduler/test_shared_cluster.py",
     "tests/ui/test_progress_api.py",  # an API server, two jobs and Chromium: ~105 s on an idle machine
     "tests/dags/test_progress_dag.py",  # three `airflow dags test` runs: ~110 s
+    "tests/cli/test_progress_cli.py",  # a kept 2-node cluster, two launches: ~115 s on a loaded machine
 )
 
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
