@@ -56,8 +56,12 @@ from airflow_sky import Task, sky_job
 task = Task(
     name="spot",
     num_nodes=3,
+    # Generation 0 holds until the driver killed rank 1's host (once every follow task deferred): a fixed
+    # sleep could end before a loaded machine started the follow tasks, and nothing would be preempted.
     run='echo "generation $AIRFLOW_SKY_RECOVERY_COUNT rank $SKYPILOT_NODE_RANK on $(whoami)"; '
-        'echo "$SKYPILOT_NODE_RANK" > ~/spot-started; sleep 25; echo "done rank $SKYPILOT_NODE_RANK"',
+        'echo "$SKYPILOT_NODE_RANK" > ~/spot-started; '
+        'if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 400; fi; '
+        'sleep 25; echo "done rank $SKYPILOT_NODE_RANK"',
 )
 with DAG("celery_preempt", schedule=None, catchup=False):
     sky_job(task, cluster_name="celery-spot", infra="ssh/stack", conn_id="sky_pool", deferrable=True,
