@@ -3,7 +3,8 @@
 `TaskEvents` is registered with the Task SDK's listener manager while the engine runs the DAG, so it sees
 each task instance start, succeed or fail in this process. `NodeLogs` streams the setup and run log of every
 rank straight from the nodes, as `sky launch` shows them: a sequential runner follows one rank at a time,
-and the user must still see every node live. Both hand Events to one sink.
+and the user must still see every node live (and `queue`/`progress` every rank's reports: NodeLogs records
+them). Both hand Events to one sink.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from airflow_sky.client.events import Event, Listener
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import KILLED_EXIT_CODE, PHASES, JobHandle, Phase
+from airflow_sky.gang.progress_store import ProgressCollector, ProgressRecords
 from airflow_sky.gang.state import JobState
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node.client import NodeClient
@@ -117,14 +119,28 @@ class LogOrder:
 
 
 class _RankLog:
-    """One rank's log of one phase, following the job's generations (a recovery starts a new one)."""
+    """One rank's log of one phase, following the job's generations (a recovery starts a new one).
 
-    def __init__(self, job: GangJob, phase: Phase, rank: int, emit: Callable[[str], None]) -> None:
+    A run log's progress reports go into the rank's record as they are read (`records`): an in-process
+    launch runs its follow tasks one after another, so this reader is the only one that sees every rank live
+    (a follow task that reads a log later skips the steps already recorded).
+    """
+
+    def __init__(
+        self,
+        job: GangJob,
+        phase: Phase,
+        rank: int,
+        emit: Callable[[str], None],
+        records: ProgressRecords | None = None,
+    ) -> None:
         self.job = job
         self.phase = phase
         self.rank = rank
         self.emit = emit
+        self.records = records if phase == "run" else None
         self.tail: LogTail | None = None
+        self.progress: ProgressCollector | None = None
         self.next_check = 0.0
         self.new_generation = False  # set by a poll that moved on to a newer generation
 
@@ -151,9 +167,21 @@ class _RankLog:
             if not self.job.started(client, self.phase, generation):
                 return False  # not started on its node yet
             self.new_generation = self.tail is not None
-            self.tail = self.job.log_tail(client, self.phase, generation, self.emit, keep=0)
+            self.flush_progress()  # the older generation's last reports
+            if self.records is not None:
+                self.progress = ProgressCollector(self.records, self.job.job_id, self.rank, generation)
+            self.tail = self.job.log_tail(
+                client,
+                self.phase,
+                generation,
+                self.emit,
+                keep=0,
+                on_report=self.progress.add if self.progress is not None else None,
+            )
         self.tail.client = client  # a replaced node answers on a new connection
         caught_up = self.tail.poll().caught_up
+        if self.progress is not None:
+            self.progress.flush(force=self.tail.ended)  # when due: at most every WRITE_INTERVAL_S
         if (
             self.tail.ended
             and self.phase == "run"
@@ -163,6 +191,11 @@ class _RankLog:
             self.next_check = 0.0  # a relaunch: the newer generation's log is read on the next pass
             return True
         return not caught_up
+
+    def flush_progress(self) -> None:
+        """Write the reports read so far now (never raises: progress never fails the view)."""
+        if self.progress is not None:
+            self.progress.flush(force=True)
 
 
 class NodeLogs:
@@ -185,8 +218,9 @@ class NodeLogs:
         self._sink = sink
         self._redact = redact
         self._job = GangJob.of(cluster, handle)
+        records = ProgressRecords(self._job.states.store)
         self._logs = [
-            _RankLog(self._job, phase, node.rank, self._emitter(phase, node.rank))
+            _RankLog(self._job, phase, node.rank, self._emitter(phase, node.rank), records)
             for phase in phases
             for node in handle.phase_nodes(phase)
         ]
@@ -249,6 +283,7 @@ class NodeLogs:
         for log in self._logs:
             if log.tail is not None:
                 log.tail.flush()
+            log.flush_progress()
 
     def _pass(self, final: bool = False, reconnect: bool = True) -> bool:
         with self._polling:

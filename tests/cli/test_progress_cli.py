@@ -21,17 +21,17 @@ CLI, cli, env = test_jobs_cli.CLI, test_jobs_cli.cli, test_jobs_cli.env
 
 CLUSTER = "progress-c"
 
-# Rank 1 runs ahead to step 6, rank 0 stops at step 3 until $RELEASE exists; then rank 0 reports step 10 and
+# Rank 0 runs ahead to step 6, rank 1 stops at step 3 until $RELEASE exists; then rank 0 reports step 10 and
 # rank 1 step 9 of 10, their last. Each report carries its own time, one second a step, so each rank's rate
 # is 1 step/s whatever the load on the machine, and the job's ETA is the slowest rank's: (10 - 3) / 1 = 7 s.
-# (An in-process launch follows rank 0 live, the other ranks' follow tasks read their logs after it: rank 0
-# is the slow one here, so the job's step reads 3 whichever ranks' reports are in yet.)
+# The slow rank is rank 1 on purpose: an in-process exec runs its follow tasks one after another (rank 0's
+# first), so its step is live only because the exec's node-log reader records every rank's reports.
 REPORTING = """\
 name: reporting
 num_nodes: 2
 run: |
   T0=$(( $(date +%s) - 10 ))
-  LAST=$(( SKYPILOT_NODE_RANK == 0 ? 3 : 6 ))
+  LAST=$(( SKYPILOT_NODE_RANK == 1 ? 3 : 6 ))
   for i in $(seq 1 $LAST); do
     echo "@@airflow-sky-progress/1 {\\"step\\":$i,\\"total\\":10,\\"time\\":$((T0 + i)),\\"metrics\\":{\\"loss\\":$((10 - i)).5}}"
   done
@@ -80,15 +80,21 @@ def sdk_progress(env: dict[str, str], cluster: str, job_id: str) -> dict:
 def test_a_reporting_job_shows_its_slowest_ranks_step_and_eta_while_it_runs_and_after(env, cluster, tmp_path):
     release = tmp_path / "release"
     (tmp_path / "reporting.yaml").write_text(REPORTING)
-    # A followed exec (its follow tasks read the ranks' logs, and collect the reports on the way), read from
+    # A followed exec (its node-log reader records every rank's reports as it shows the lines), read from
     # here as another terminal would.
     execute = Reader(env, "exec", cluster, str(tmp_path / "reporting.yaml"), "--env", f"RELEASE={release}")
     job = execute.wait_for(f" on cluster {cluster} ").split("Job ", 1)[1].split()[0]
     try:
-        rows = wait_for(
-            "job's progress in the queue",
-            lambda: (r := queue_rows(env, cluster)).get(job, {}).get("PROGRESS") == "3/10 30%" and r,
-        )
+        seen: list[dict[str, dict[str, str]]] = [{}]  # the last queue read, for the failure message
+
+        def slowest_step_shown() -> object:
+            seen[0] = queue_rows(env, cluster)
+            return seen[0].get(job, {}).get("PROGRESS") == "3/10 30%" and seen[0]
+
+        try:
+            rows = wait_for(f"job {job}'s progress 3/10 in the queue", slowest_step_shown)
+        except AssertionError as missing:
+            raise AssertionError(f"{missing}; the queue's last rows: {seen[0]}") from None
         assert isinstance(rows, dict)
         assert rows[job]["STATUS"] == "RUNNING" and rows[job]["ETA"] == "7s", rows
         assert rows["1"]["PROGRESS"] == "-" and rows["1"]["ETA"] == "-", rows  # job 1 reported nothing
@@ -96,14 +102,16 @@ def test_a_reporting_job_shows_its_slowest_ranks_step_and_eta_while_it_runs_and_
         doc = sdk_progress(env, cluster, job)
         assert (doc["job_id"], doc["status"], doc["step"], doc["total"]) == (int(job), "RUNNING", 3, 10), doc
         assert doc["percent"] == 30.0 and doc["rate"] == 1.0 and doc["eta_s"] == 7.0, doc
+        assert doc["slowest_rank"] == 1, doc
         ranks = {r["rank"]: r for r in doc["ranks"]}
-        assert (ranks[0]["step"], ranks[0]["metrics"], len(ranks[0]["history"])) == (3, {"loss": 7.5}, 3), doc
-        assert 1 not in ranks or ranks[1]["step"] == 6, doc  # ahead: not the job's step
+        assert (ranks[1]["step"], ranks[1]["metrics"], len(ranks[1]["history"])) == (3, {"loss": 7.5}, 3), doc
+        assert ranks[0]["step"] == 6, doc  # ahead: not the job's step
 
         shown = cli({**env, "COLUMNS": "200"}, "progress", cluster, job)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert f"Job {job} on {cluster}: RUNNING, step 3/10 30%, 1/s, ETA 7s" in shown.stdout, shown.stdout
-        assert rank_rows(shown.stdout)["0"][1:4] == ["3/10 30%", "1/s", "7.5"], shown.stdout
+        table = rank_rows(shown.stdout)
+        assert table["1"][1:4] == ["3/10 30%", "1/s", "7.5"] and table["0"][1] == "6/10 60%", shown.stdout
         # --watch reads on until the job ends (on no terminal, only its last view is printed).
         watcher = Reader(env, "progress", cluster, job, "--watch", "--interval", "0.5")
     finally:
