@@ -27,6 +27,9 @@ RESULT_XCOM_KEY = "result"  # every run follow task's {"rank": r, "value": its r
 # The job's final progress (gang.job_progress.final_metrics: step, total, metrics per rank, recoveries).
 PROGRESS_XCOM_KEY = "progress"
 JOB_STATUS_XCOM_KEY = "job_status"  # a run follow task's {"status": RECOVERING | RUNNING, "generation": g}
+# The Airflow connection the job's cluster is reached through, when not the infra's default (an ssh pool's
+# connection, an aws/gcp conn_id): the provision task pushes it so the progress view can read the job live.
+CONN_ID_XCOM_KEY = "conn_id"
 
 
 class SkyBaseOperator(BaseOperator):

@@ -10,7 +10,7 @@ from typing import Any
 from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.state import ClusterClosing
 from airflow_sky.hooks.cluster import SkyClusterHook
-from airflow_sky.operators.base import SkyBaseOperator
+from airflow_sky.operators.base import CONN_ID_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.task import GitWorkdir
 from airflow_sky.task.envs import pipeline_task_ids
@@ -147,6 +147,8 @@ class SkyProvisionOperator(SkyBaseOperator):
             )
         # Without the nodes: every task renders this XCom as a template field, and the job state has them.
         context["ti"].xcom_push(key="handle", value=handle.to_dict(nodes=False))
+        if self.conn_id is not None:  # a name, never a credential
+            context["ti"].xcom_push(key=CONN_ID_XCOM_KEY, value=self.conn_id)
         if self.sky_task.resources.ports:
             endpoints = hook.cluster.endpoints()
             self.log.info("endpoints: %s", ", ".join(f"{p}: {a}" for p, a in endpoints.items()))

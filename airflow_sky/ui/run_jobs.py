@@ -1,6 +1,7 @@
 """A DAG run's sky jobs and their progress, as the progress view's JSON API answers them.
 
-Each sky_job group's provision task pushed the job's handle (XCom key `handle`); the job's progress is read
+Each sky_job group's provision task pushed the job's handle (XCom key `handle`) and, when the job names one,
+its connection (CONN_ID_XCOM_KEY: an ssh pool's or a non-default cloud connection); the job's progress is read
 live through SkyClusterHook and its job object (`GangJob.progress()`), and when the cluster is gone or
 unreachable from the final progress XCom (PROGRESS_XCOM_KEY) its collect or head run-follow task pushed.
 The metadata DB is read with Airflow's own models, as its core API routes do.
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.hooks.cluster import SkyClusterHook
-from airflow_sky.operators.base import PROGRESS_XCOM_KEY
+from airflow_sky.operators.base import CONN_ID_XCOM_KEY, PROGRESS_XCOM_KEY
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,9 @@ def _xcoms(session: Session, dag_id: str, run_id: str, key: str) -> dict[tuple[s
     return {(row.task_id, row.map_index): XComModel.deserialize_value(row) for row in rows}
 
 
-def _read_live(handle: JobHandle, with_history: bool) -> dict[str, Any] | None:
+def _read_live(handle: JobHandle, with_history: bool, conn_id: str | None) -> dict[str, Any] | None:
     try:
-        hook = SkyClusterHook(handle.cluster_name, handle.infra)
+        hook = SkyClusterHook(handle.cluster_name, handle.infra, conn_id)
         return hook.job(handle).progress(with_history=with_history)
     except Exception as err:  # any infra or store failure means "not live": the view shows what remains
         log.debug("progress of job %s on %s not readable live: %s", handle.job_id, handle.cluster_name, err)
@@ -74,12 +75,13 @@ def _read_live(handle: JobHandle, with_history: bool) -> dict[str, Any] | None:
 
 
 def live_progress(
-    handle: JobHandle, with_history: bool, timeout_s: float = LIVE_TIMEOUT_S
+    handle: JobHandle, with_history: bool, conn_id: str | None = None, timeout_s: float = LIVE_TIMEOUT_S
 ) -> dict[str, Any] | None:
-    """The job's progress read now from its cluster's state store; None when the cluster or the job's record
-    is gone or does not answer within `timeout_s` (the caller falls back to the final XCom)."""
+    """The job's progress read now from its cluster's state store (through `conn_id`, the connection the
+    job named, else the infra's default); None when the cluster or the job's record is gone or does not
+    answer within `timeout_s` (the caller falls back to the final XCom)."""
     try:
-        return _live_reads.submit(_read_live, handle, with_history).result(timeout_s)
+        return _live_reads.submit(_read_live, handle, with_history, conn_id).result(timeout_s)
     except concurrent.futures.TimeoutError:
         log.warning(
             "progress of job %s on %s: no answer in %.0f s", handle.job_id, handle.cluster_name, timeout_s
@@ -94,8 +96,9 @@ def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = Tr
         raise RunNotFound(f"no DAG run {run_id!r} of DAG {dag_id!r}")
     handles = _xcoms(session, dag_id, run_id, HANDLE_XCOM_KEY)
     finals = _xcoms(session, dag_id, run_id, PROGRESS_XCOM_KEY)
+    conn_ids = _xcoms(session, dag_id, run_id, CONN_ID_XCOM_KEY)
     jobs = []
-    for (task_id, _), value in sorted(handles.items()):
+    for (task_id, map_index), value in sorted(handles.items()):
         if task_id.rpartition(".")[2] != PROVISION_TASK or not isinstance(value, dict):
             continue
         try:
@@ -106,7 +109,8 @@ def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = Tr
             )
             continue
         group = group_of(task_id)
-        progress = live_progress(handle, with_history)
+        conn_id = conn_ids.get((task_id, map_index))
+        progress = live_progress(handle, with_history, conn_id if isinstance(conn_id, str) else None)
         source = "live"
         if progress is None:
             final = next(

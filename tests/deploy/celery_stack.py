@@ -16,7 +16,8 @@ a worker's own disk would fail. The task logs go to one shared folder (a shared 
 deployment), which the API server reads.
 
 The driver triggers every DAG of CONFIG["dags"] through the REST API (/api/v2, a bearer token), optionally
-kills the ssh host that runs rank 1 of one DAG once its run follow tasks all deferred, touches a file that a
+kills the ssh host that runs rank 1 of one DAG once its run follow tasks all deferred (having read, when
+CONFIG["progress_live"] names that DAG, its job's progress through the plugin first), touches a file that a
 job's ranks wait for once one of its follow tasks deferred (CONFIG["release_when_deferred"]), waits for the runs,
 then reads back through the REST API what the test checks, takes the UI screenshots, and writes REPORT.
 Everything it started is stopped before it exits, whatever happened.
@@ -419,7 +420,11 @@ def run(config: dict[str, Any], report: dict[str, Any], procs: Processes, pool: 
         procs.check()
         for dag_id, run_id in runs.items():
             states[dag_id] = _get(client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"]
-        if preempt and _follows_all(client, preempt["dag_id"], runs[preempt["dag_id"]], "deferred"):
+        if (
+            preempt
+            and _follows_all(client, preempt["dag_id"], runs[preempt["dag_id"]], "deferred")
+            and _live_progress_read(client, config, preempt["dag_id"], runs[preempt["dag_id"]], report)
+        ):
             killed = _preempt(pool, preempt)
             if killed:
                 report["preempted"] = {"address": killed, "at_s": time.monotonic() - run_started}
@@ -503,6 +508,23 @@ def _progress_api(client: httpx.Client, dag_id: str, run_id: str) -> dict[str, A
     forged = httpx.get(f"{API}{url}", headers={"Authorization": "Bearer forged"}, timeout=30)
     body = answer.json() if answer.is_success else answer.text[:500]
     return {"status": answer.status_code, "body": body, "forged_status": forged.status_code}
+
+
+def _live_progress_read(
+    client: httpx.Client, config: dict[str, Any], dag_id: str, run_id: str, report: dict[str, Any]
+) -> bool:
+    """Whether the plugin's answer about the running job of `dag_id` is in the report (true at once when
+    CONFIG["progress_live"] does not name it): kept once it reads the job live with every rank's report, or
+    after 30 tries (the test says what it got)."""
+    if config.get("progress_live") != dag_id or "progress_live" in report:
+        return True
+    answer = _progress_api(client, dag_id, run_id)
+    jobs = answer["body"]["jobs"] if answer["status"] == 200 else []
+    tries = report["progress_live_tries"] = report.get("progress_live_tries", 0) + 1
+    read_live = bool(jobs) and jobs[0]["source"] == "live" and jobs[0]["progress"]["reported_ranks"] == 3
+    if read_live or tries >= 30:
+        report["progress_live"] = answer
+    return "progress_live" in report
 
 
 def _phase_all(client: httpx.Client, dag_id: str, run_id: str, phase: str, state: str) -> bool:

@@ -59,6 +59,7 @@ task = Task(
     # Generation 0 holds until the driver killed rank 1's host (once every follow task deferred): a fixed
     # sleep could end before a loaded machine started the follow tasks, and nothing would be preempted.
     run='echo "generation $AIRFLOW_SKY_RECOVERY_COUNT rank $SKYPILOT_NODE_RANK on $(whoami)"; '
+        'echo \\'@@airflow-sky-progress/1 {"step": 1, "total": 2}\\'; '
         'echo "$SKYPILOT_NODE_RANK" > ~/spot-started; '
         'if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 400; fi; '
         'sleep 25; echo "done rank $SKYPILOT_NODE_RANK"',
@@ -116,6 +117,7 @@ def stack_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "fail_task": {"dag_id": "celery_killed", "task_id": "killed.run_follow", "map_index": 0},
         "screenshots": {"dag_id": "celery_plain", "group": "plain", "dir": str(shots)},
         "progress_api": "celery_plain",
+        "progress_live": "celery_preempt",
         "timeout_s": 480,
     }
     dags = {
@@ -205,6 +207,17 @@ def test_nothing_is_left_running_or_locked_on_the_hosts(stack_report):
     assert stack_report["leftover_processes"] == []
     # Only the killed host still holds the lock of the cluster it left (it came back after the teardown).
     assert stack_report["locked_hosts"] == [stack_report["preempted"]["address"]]
+
+
+def test_the_progress_plugin_reads_a_running_job_live_through_its_ssh_pool_connection(stack_report):
+    # Read while the job's ranks ran and their follow tasks waited in the triggerer: the pool exists only as
+    # the Airflow connection the job named (conn_id="sky_pool"), which its provision task handed the plugin.
+    api = stack_report["progress_live"]
+    assert api["status"] == 200, api
+    (job,) = api["body"]["jobs"]
+    assert (job["group"], job["cluster"], job["source"]) == ("spot", "celery-spot", "live"), job
+    ranks = job["progress"]["ranks"]
+    assert [(r["rank"], r["step"]) for r in ranks] == [(0, 1), (1, 1), (2, 1)], job
 
 
 def test_the_progress_plugin_answers_for_a_finished_run_through_the_api_server(stack_report):
