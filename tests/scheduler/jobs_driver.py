@@ -76,9 +76,6 @@ run: |
   echo '@@airflow-sky-progress/1 {{"step":10,"total":10,"metrics":{{"loss":0.25}}}}'
   echo "rank $SKYPILOT_NODE_RANK done"
 """
-# The progress plugin (airflow_sky.ui) as a deployment may install it: a module of its plugins folder (the
-# package's airflow.plugins entry point loads the same plugin once: Airflow skips a second registration).
-PLUGIN_FILE = "from airflow_sky.ui.plugin import SkyProgressPlugin  # noqa: F401\n"
 LONG = """name: long
 num_nodes: 2
 workdir: .
@@ -377,8 +374,6 @@ def main(config_path: str, report_path: str) -> int:
     home, probe = Path(config["home"]), Path(config["probe"])
     (home / "dags").mkdir(parents=True, exist_ok=True)
     (home / "dags" / "airflow_sky_jobs.py").write_text(DAG_FILE)
-    (home / "plugins").mkdir(exist_ok=True)
-    (home / "plugins" / "airflow_sky_progress.py").write_text(PLUGIN_FILE)
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     log = home / "standalone.log"
     # The S3 API the jobs bucket lives on, in this namespace: the CLI, the workers and the nodes reach it.
@@ -421,6 +416,9 @@ def main(config_path: str, report_path: str) -> int:
             log,
         )
         report["startup_s"] = time.monotonic() - started
+        # The progress plugin comes from the package's airflow.plugins entry point alone.
+        report["plugins"] = [p["name"] for p in _get(client, "/api/v2/plugins").json()["plugins"]]
+        report["plugin_import_errors"] = _get(client, "/api/v2/plugins/importErrors").json()["import_errors"]
         cli_env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_SKY_API")}
         cli_env.update({"AIRFLOW_SKY_API_URL": API, "AIRFLOW_HOME": str(home / "cli-home")})
         # The launching machine's side of the jobs bucket: its own setting and AWS credentials.

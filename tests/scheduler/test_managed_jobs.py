@@ -57,7 +57,9 @@ def test_a_managed_job_starts_on_a_fresh_stack_outlives_its_cli_recovers_a_preem
         assert queue_line.split()[-2:] == ["1", "SUCCEEDED"], queue_line  # one recovery
         assert max(map(len, report["train_queue"].splitlines())) <= 80, report["train_queue"]
         assert "…" not in report["train_queue"].splitlines()[0], report["train_queue"]  # whole headers
-        # Its progress, from the deployment's plugin: step 3 of 10 while it ran, its last step after.
+        # Its progress, from the deployment's plugin (its entry point, loaded once): step 3 of 10 while it
+        # ran, its last step after.
+        assert "airflow_sky" in report["plugins"] and report["plugin_import_errors"] == [], context
         live = next(line for line in report["train_live_queue"].splitlines() if report["train_job"] in line)
         assert "3/10 30%" in live and "RUNNING" in live, report["train_live_queue"]
         ended = next(line for line in report["train_queue_wide"].splitlines() if report["train_job"] in line)
