@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterable
 
+from airflow_sky.progress import MARKER
+
 
 def node_prefix(rank: int, pid: int | None, ip: str | None = None, setup: bool = False) -> str:
     role = "head" if rank == 0 else f"worker{rank}"
@@ -16,8 +18,34 @@ def node_prefix(rank: int, pid: int | None, ip: str | None = None, setup: bool =
     return "(" + ", ".join(parts) + ")"
 
 
+# A line longer than this is not held whole: a progress bar that redraws its line with `\r` for hours (tqdm)
+# never ends it, and the reader (a follow task, the triggerer) must not grow with it.
+MAX_LINE_BYTES = 64 * 1024
+_REPORT = MARKER.encode()
+
+
+def drop_redraws(raw: bytes) -> tuple[bytes, bytes | None]:
+    """A long line that `\r` rewrote, as a terminal shows it: its latest redraw (a trailing `\r` kept), and the
+    newest progress report among the redraws it overwrote (the report's own `\r` fragment), if any."""
+    cut = raw.rstrip(b"\r").rfind(b"\r")
+    if cut < 0:
+        return raw, None
+    overwritten = raw[:cut]
+    marked = overwritten.rfind(_REPORT)
+    report = None
+    if marked >= 0:
+        end = overwritten.find(b"\r", marked)
+        report = overwritten[marked : end if end >= 0 else None]
+    return raw[cut + 1 :], report
+
+
 class LineSplitter:
-    """Turns arbitrary byte chunks into whole decoded lines; keeps the last `keep` lines for error messages."""
+    """Turns arbitrary byte chunks into whole decoded lines; keeps the last `keep` lines for error messages.
+
+    Memory stays bounded whatever the log holds: a line over MAX_LINE_BYTES keeps only its latest `\r`
+    redraw (and, as a line of its own, the newest progress report the dropped redraws held), and a line
+    still longer is emitted in MAX_LINE_BYTES pieces.
+    """
 
     def __init__(self, emit: Callable[[str], None], keep: int = 20) -> None:
         self._emit = emit
@@ -28,8 +56,17 @@ class LineSplitter:
         if not data:
             return
         lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
+        partial = lines.pop()
         self._emit_all(lines)
+        if len(partial) > MAX_LINE_BYTES:
+            # Unfinished and long: the bytes a redraw overwrote are dropped, and whole pieces go out now.
+            partial, report = drop_redraws(partial)
+            if report is not None:
+                self._emit_all([report])
+            while len(partial) > MAX_LINE_BYTES:
+                self._emit_all([partial[:MAX_LINE_BYTES]])
+                partial = partial[MAX_LINE_BYTES:]
+        self._partial = partial
 
     @property
     def pending_bytes(self) -> int:
@@ -42,7 +79,13 @@ class LineSplitter:
             self._partial = b""
 
     def _emit_all(self, lines: Iterable[bytes]) -> None:
-        for raw in lines:
-            line = raw.decode("utf-8", errors="replace").rstrip("\r")
-            self.tail.append(line)
-            self._emit(line)
+        for whole in lines:
+            raw = whole
+            if len(whole) > MAX_LINE_BYTES:
+                raw, report = drop_redraws(whole)
+                if report is not None:
+                    self._emit_all([report])
+            for start in range(0, max(len(raw), 1), MAX_LINE_BYTES):
+                line = raw[start : start + MAX_LINE_BYTES].decode("utf-8", errors="replace").rstrip("\r")
+                self.tail.append(line)
+                self._emit(line)

@@ -6,8 +6,9 @@ import pytest
 
 from airflow_sky.errors import SpecError
 from airflow_sky.node.artifacts import destination_uri, validate_destination
-from airflow_sky.node.logs import LineSplitter, node_prefix
+from airflow_sky.node.logs import MAX_LINE_BYTES, LineSplitter, node_prefix
 from airflow_sky.node.paths import remote_path
+from airflow_sky.progress import MARKER, Report, parse_line
 from airflow_sky.task.redaction import redactor
 
 
@@ -25,6 +26,36 @@ def test_line_splitter_joins_chunks_and_keeps_the_tail():
     splitter.flush()
     assert lines == ["a", "bc", "d", "tail without newline"]
     assert list(splitter.tail) == ["d", "tail without newline"]
+
+
+def test_a_progress_bar_redrawing_its_line_for_hours_keeps_the_reader_bounded_and_shows_its_last_state():
+    lines: list[str] = []
+    splitter = LineSplitter(lines.append)
+    # tqdm's way: `\r` and the bar again, never a newline until it closes (here ~6 MB of redraws), with a
+    # progress report in one of the redraws.
+    bar = [b"\rtrain: %6d/200000 [loss 0.5]" % i for i in range(200_000)]
+    bar[1000] = b"\r" + MARKER.encode() + b'{"step": 1000}'
+    redraws = b"".join(bar)
+    for start in range(0, len(redraws), 65_536):
+        splitter.feed(redraws[start : start + 65_536])
+        assert splitter.pending_bytes <= MAX_LINE_BYTES  # never the whole history of the bar
+    splitter.feed(b"\ndone\n")
+    report, last, done = lines
+    assert parse_line(report) == Report(1000)  # the report's redraw is not lost with the bar's
+    assert len(last) <= MAX_LINE_BYTES and last.rsplit("\r", 1)[-1] == "train: 199999/200000 [loss 0.5]"
+    assert done == "done"
+
+
+def test_a_line_longer_than_the_limit_comes_out_whole_in_pieces():
+    lines: list[str] = []
+    splitter = LineSplitter(lines.append)
+    long_line = "".join(chr(ord("a") + i % 26) for i in range(3 * MAX_LINE_BYTES + 100))
+    for piece in (long_line[:1000], long_line[1000:], "\nnext"):
+        splitter.feed(piece.encode())
+        assert splitter.pending_bytes <= MAX_LINE_BYTES
+    splitter.flush()
+    assert [len(line) for line in lines] == [MAX_LINE_BYTES] * 3 + [100, 4]
+    assert "".join(lines[:4]) == long_line and lines[4] == "next"
 
 
 def test_redactor_hides_secrets_and_each_line_of_multiline_ones():
