@@ -60,9 +60,7 @@ class LineSplitter:
         self._emit_all(lines)
         if len(partial) > MAX_LINE_BYTES:
             # Unfinished and long: the bytes a redraw overwrote are dropped, and whole pieces go out now.
-            partial, report = drop_redraws(partial)
-            if report is not None:
-                self._emit_all([report])
+            partial = self._latest_redraw(partial)
             while len(partial) > MAX_LINE_BYTES:
                 self._emit_all([partial[:MAX_LINE_BYTES]])
                 partial = partial[MAX_LINE_BYTES:]
@@ -80,12 +78,16 @@ class LineSplitter:
 
     def _emit_all(self, lines: Iterable[bytes]) -> None:
         for whole in lines:
-            raw = whole
-            if len(whole) > MAX_LINE_BYTES:
-                raw, report = drop_redraws(whole)
-                if report is not None:
-                    self._emit_all([report])
+            raw = self._latest_redraw(whole) if len(whole) > MAX_LINE_BYTES else whole
             for start in range(0, max(len(raw), 1), MAX_LINE_BYTES):
                 line = raw[start : start + MAX_LINE_BYTES].decode("utf-8", errors="replace").rstrip("\r")
                 self.tail.append(line)
                 self._emit(line)
+
+    def _latest_redraw(self, raw: bytes) -> bytes:
+        """A line over the limit as a terminal shows it (drop_redraws); the newest progress report the dropped
+        redraws held goes out first, as a line of its own."""
+        latest, report = drop_redraws(raw)
+        if report is not None:
+            self._emit_all([report])
+        return latest
