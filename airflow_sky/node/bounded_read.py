@@ -1,11 +1,14 @@
-"""Bounded reads of node files over SFTP: a job controls its files, so a read stops at a size and a deadline,
-and only a regular file is read (a link to /dev/zero or a FIFO would be endless or block)."""
+"""Bounded reads from a node: of its files over SFTP (a job controls its files, so a read stops at a size and a
+deadline, and only a regular file is read: a link to /dev/zero or a FIFO would be endless or block), and of
+a command's output (NodeClient.exec keeps at most a cap per stream, and stops at a deadline)."""
 
 from __future__ import annotations
 
 import io
+import select
 import stat
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import paramiko
@@ -17,6 +20,13 @@ MAX_SMALL_FILE_BYTES = 1024 * 1024  # an exit code, a pid, a lock, a result (cal
 MAX_RANGE_BYTES = 16 * 1024 * 1024  # one read of a log
 READ_DEADLINE_S = 120.0
 READ_BLOCK = 256 * 1024
+
+# A command's output kept in memory by NodeClient.exec, per stream (the commands airflow-sky runs print a
+# line or two; a poll of a log prints at most 1 MiB of it). Past it the command is stopped: a job's files
+# or a hostile node must not fill the worker's memory.
+MAX_EXEC_OUTPUT_BYTES = 8 * 1024 * 1024
+EXEC_TIMEOUT_S = 120.0  # a command's whole run, when its caller names no other
+TAIL_BYTES = 2048  # the end of the output an error message shows
 
 
 class FileTooLarge(RemoteError):
@@ -90,3 +100,62 @@ class Bounded(io.RawIOBase):
         block = self.read(len(buffer))
         buffer[: len(block)] = block
         return len(block)
+
+
+class OutputTooLarge(RemoteError):
+    """A command printed more than its cap on one stream; it was stopped. Its message carries the tail."""
+
+    def __init__(self, what: str, stream: str, limit: int, tail: bytes) -> None:
+        shown = tail.decode(errors="replace").strip()[-TAIL_BYTES:]
+        super().__init__(
+            f"{what}: printed more than {limit} bytes on {stream}, the limit of what is read back; it was "
+            f"stopped (a command that prints this much should write a file and read it in ranges)"
+            + (f"; its output ended with: ...{shown}" if shown else "")
+        )
+        self.stream, self.limit = stream, limit
+
+
+class Capped:
+    """A stream's output, up to `limit` bytes; `full` once more arrived (the last bytes are kept for errors)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.full = False
+
+    def add(self, data: bytes) -> None:
+        if self.full or not data:
+            return
+        self.size += len(data)
+        self.chunks.append(data)
+        if self.size > self.limit:
+            self.full = True
+            self.chunks = [self.value()[-TAIL_BYTES:]]  # only the tail stays: for the error message
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def drain(channel: paramiko.Channel, deadline: float) -> Iterator[tuple[bytes, bytes]]:
+    """Yield (stdout, stderr) chunks until the remote side closes both and exits; TimeoutError at `deadline`
+    (time.monotonic) whether or not the command prints meanwhile."""
+    while True:
+        out = channel.recv(65536) if channel.recv_ready() else b""
+        err = channel.recv_stderr(65536) if channel.recv_stderr_ready() else b""
+        if out or err:
+            yield out, err
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            continue
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            # Drain the last bytes that may arrive together with the exit status.
+            while channel.recv_ready():
+                yield channel.recv(65536), b""
+            return
+        if channel.closed:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        select.select([channel], [], [], min(left, 1.0))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import shlex
 import shutil
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -18,12 +18,17 @@ import paramiko
 
 from airflow_sky.errors import RemoteError
 from airflow_sky.node.bounded_read import (
+    EXEC_TIMEOUT_S,
+    MAX_EXEC_OUTPUT_BYTES,
     MAX_RANGE_BYTES,
     MAX_SMALL_FILE_BYTES,
     READ_BLOCK,
     Bounded,
+    Capped,
     FileTooLarge,
+    OutputTooLarge,
     UnsafeRemoteFile,
+    drain,
     file_kind,
     read_bounded,
 )
@@ -34,9 +39,11 @@ from airflow_sky.node.record import Node
 logging.getLogger("paramiko").setLevel(logging.WARNING)
 
 __all__ = [  # what callers import from here: the client, and the errors and limits of its reads
+    "MAX_EXEC_OUTPUT_BYTES",
     "MAX_SMALL_FILE_BYTES",
     "FileTooLarge",
     "NodeClient",
+    "OutputTooLarge",
     "UnsafeRemoteFile",
     "host_key_mismatch_message",
 ]
@@ -162,18 +169,40 @@ class NodeClient:
             connection.reset()
 
     def exec(
-        self, command: str, stdin: bytes | IO[bytes] | None = None, timeout: float | None = 120
+        self,
+        command: str,
+        stdin: bytes | IO[bytes] | None = None,
+        timeout: float = EXEC_TIMEOUT_S,
+        max_bytes: int = MAX_EXEC_OUTPUT_BYTES,
+        purpose: str = "a command",
     ) -> tuple[int, bytes, bytes]:
-        """Run `command` (bash text, never carrying secrets) and return (exit code, stdout, stderr)."""
-        chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+        """Run `command` (bash text, never carrying secrets) and return (exit code, stdout, stderr).
+
+        Bounded: a command still running after `timeout` seconds (its whole run, printing or not), or
+        printing more than `max_bytes` on stdout or stderr, is stopped (its channel closed: the node hangs
+        up its process group, a writer gets SIGPIPE) and raises RemoteError (OutputTooLarge for the
+        output), which names `purpose`, the limit and the output's tail, never the command text (it may
+        carry env values). A command meant to print more streams with exec_stream.
+        """
+        out, err = Capped(max_bytes), Capped(max_bytes)
+        what = f"{purpose} on node rank {self.node.rank} ({self.node.ssh_host})"
+
+        def check(capped: Capped, stream: str) -> None:
+            if capped.full:
+                raise OutputTooLarge(what, stream, max_bytes, capped.value())
+
+        def on_stdout(data: bytes) -> None:
+            out.add(data)
+            check(out, "stdout")
+
+        def on_stderr(data: bytes) -> None:
+            err.add(data)
+            check(err, "stderr")
+
         rc = self.exec_stream(
-            command,
-            on_stdout=chunks["out"].append,
-            on_stderr=chunks["err"].append,
-            stdin=stdin,
-            timeout=timeout,
+            command, on_stdout=on_stdout, on_stderr=on_stderr, stdin=stdin, timeout=timeout, purpose=purpose
         )
-        return rc, b"".join(chunks["out"]), b"".join(chunks["err"])
+        return rc, out.value(), err.value()
 
     def exec_stream(
         self,
@@ -181,29 +210,38 @@ class NodeClient:
         on_stdout: Callable[[bytes], Any],
         on_stderr: Callable[[bytes], Any] | None = None,
         stdin: bytes | IO[bytes] | None = None,
-        timeout: float | None = None,
+        timeout: float = EXEC_TIMEOUT_S,
+        purpose: str = "a command",
     ) -> int:
-        """Run `command`, handing output chunks to the callbacks as they arrive; return the exit code."""
+        """Run `command`, handing output chunks to the callbacks as they arrive; return the exit code.
+
+        The command is stopped (its channel closed) after `timeout` seconds in all, or when a callback
+        raises (the exception propagates): the way a caller bounds what it reads.
+        """
+        deadline = time.monotonic() + timeout
         try:
             channel = self.ssh.get_transport().open_session(timeout=30)  # type: ignore[union-attr]
         except (paramiko.SSHException, OSError) as e:
             raise RemoteError(
                 f"cannot open a channel to node rank {self.node.rank} ({self.node.ssh_host}): {e}"
             ) from e
-        with channel:
+        with channel:  # leaving it closes the channel, which ends a command stopped early
             channel.settimeout(timeout)
             channel.exec_command(f"bash -c {shlex.quote(command)}")
             if stdin is not None:
                 self._send_stdin(channel, stdin)
             channel.shutdown_write()
             try:
-                for out, err in _drain(channel):
+                for out, err in drain(channel, deadline):
                     if out:
                         on_stdout(out)
                     if err and on_stderr is not None:
                         on_stderr(err)
             except TimeoutError as e:
-                raise RemoteError(f"command on node rank {self.node.rank} timed out after {timeout}s") from e
+                raise RemoteError(
+                    f"{purpose} on node rank {self.node.rank} ({self.node.ssh_host}) did not end within "
+                    f"{timeout:g}s, its time limit; it was stopped"
+                ) from e
             return channel.recv_exit_status()
 
     @staticmethod
@@ -341,37 +379,3 @@ class NodeClient:
                     raise UnsafeRemoteFile(remote_path, "no longer a regular file", self.node.rank)
                 size = opened.st_size or 0
                 yield Bounded(f, size), size
-
-
-def _drain(channel: paramiko.Channel) -> Iterator[tuple[bytes, bytes]]:
-    """Yield (stdout, stderr) chunks until the remote side closes both and exits."""
-    while True:
-        got = False
-        if channel.recv_ready():
-            got = True
-            out = channel.recv(65536)
-        else:
-            out = b""
-        if channel.recv_stderr_ready():
-            got = True
-            err = channel.recv_stderr(65536)
-        else:
-            err = b""
-        if got:
-            yield out, err
-            continue
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            # Drain the last bytes that may arrive together with the exit status.
-            while channel.recv_ready():
-                yield channel.recv(65536), b""
-            return
-        if channel.closed:
-            return
-        _wait_readable(channel)
-
-
-def _wait_readable(channel: paramiko.Channel) -> None:
-    timeout = channel.gettimeout()
-    readable, _, _ = select.select([channel], [], [], timeout if timeout is not None else 1.0)
-    if not readable and timeout is not None and not channel.exit_status_ready():
-        raise TimeoutError

@@ -42,8 +42,8 @@ _HELPER = (
 FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SCP_LIKE = re.compile(r"^(?:[^@/]+@)?[^:/]+:")  # user@host:path, SkyPilot's SCP-like SSH form
 
-# Without output for this long (git fetches quietly), a checkout counts as hung: a large first clone
-# over a slow link fits well inside it.
+# A checkout's whole time limit (NodeClient.exec stops it then): a large first clone over a slow link fits
+# well inside it.
 CHECKOUT_TIMEOUT_S = 1800.0
 _LOCK_WAIT_S = 900  # two checkouts on one node (a retried sync beside a late first) take turns
 

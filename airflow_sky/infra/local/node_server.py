@@ -124,7 +124,10 @@ class _ProcessRunner:
         )
         closed = asyncio.ensure_future(process.wait_closed())
         await asyncio.wait({output, closed}, return_when=asyncio.FIRST_COMPLETED)
-        rc = await self._wait(proc, client_gone=not output.done())
+        # A pump that failed (the client closed the channel mid-output) also means the client is gone: the
+        # command would otherwise block on a full pipe forever, where sshd's writer gets SIGPIPE.
+        gone = not output.done() or output.exception() is not None
+        rc = await self._wait(proc, client_gone=gone)
         feeding.cancel()
         closed.cancel()
         if not output.done():
