@@ -9,7 +9,7 @@ The metadata DB is read with Airflow's own models, as its core API routes do.
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import logging
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import CONN_ID_XCOM_KEY, PROGRESS_XCOM_KEY
+from airflow_sky.ui.live_reads import LiveReads
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,11 @@ RUN_FOLLOW_TASK = "run_follow"
 # Where a job's final progress may be: collect pushes it, else the head rank's run follow (part of a run
 # that never reached collect). The first found wins.
 FINAL_TASKS = (("collect", -1), (RUN_FOLLOW_TASK, 0))
-# A cloud that does not answer must not hold the view: past this, the job shows its final progress (or
-# none) and the read goes on in the background; a few at once, so hung reads cannot take every thread.
+# A cloud that does not answer must not hold the view: past this (for all the run's jobs together), a job
+# shows its final progress (or none) and its read goes on in the background, on a few threads of its own
+# (LiveReads: hung reads cannot take the API server's threads).
 LIVE_TIMEOUT_S = 15.0
-_live_reads = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sky-progress")
+_live_reads = LiveReads()
 
 
 class RunNotFound(LookupError):
@@ -75,18 +77,19 @@ def _read_live(handle: JobHandle, with_history: bool, conn_id: str | None) -> di
 
 
 def live_progress(
-    handle: JobHandle, with_history: bool, conn_id: str | None = None, timeout_s: float = LIVE_TIMEOUT_S
-) -> dict[str, Any] | None:
-    """The job's progress read now from its cluster's state store (through `conn_id`, the connection the
-    job named, else the infra's default); None when the cluster or the job's record is gone or does not
-    answer within `timeout_s` (the caller falls back to the final XCom)."""
-    try:
-        return _live_reads.submit(_read_live, handle, with_history, conn_id).result(timeout_s)
-    except concurrent.futures.TimeoutError:
-        log.warning(
-            "progress of job %s on %s: no answer in %.0f s", handle.job_id, handle.cluster_name, timeout_s
+    jobs: list[tuple[JobHandle, str | None]], with_history: bool, timeout_s: float = LIVE_TIMEOUT_S
+) -> list[dict[str, Any] | None]:
+    """Each job's progress read now from its cluster's state store (through its conn_id, the connection the
+    job named, else the infra's default); None for a job whose cluster or record is gone, or that is not
+    read within `timeout_s` in all (the caller falls back to the final XCom)."""
+    reads = {
+        (handle.cluster_name, handle.job_id, conn_id, with_history): functools.partial(
+            _read_live, handle, with_history, conn_id
         )
-        return None
+        for handle, conn_id in jobs
+    }
+    results = _live_reads.read_all(reads, timeout_s)
+    return [results[key] for key in reads]
 
 
 def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = True) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = Tr
     handles = _xcoms(session, dag_id, run_id, HANDLE_XCOM_KEY)
     finals = _xcoms(session, dag_id, run_id, PROGRESS_XCOM_KEY)
     conn_ids = _xcoms(session, dag_id, run_id, CONN_ID_XCOM_KEY)
-    jobs = []
+    found_jobs: list[tuple[str, JobHandle, str | None]] = []
     for (task_id, map_index), value in sorted(handles.items()):
         if task_id.rpartition(".")[2] != PROVISION_TASK or not isinstance(value, dict):
             continue
@@ -108,9 +111,11 @@ def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = Tr
                 "%s.%s: XCom %r is not a job handle (%s); left out", dag_id, task_id, HANDLE_XCOM_KEY, err
             )
             continue
-        group = group_of(task_id)
         conn_id = conn_ids.get((task_id, map_index))
-        progress = live_progress(handle, with_history, conn_id if isinstance(conn_id, str) else None)
+        found_jobs.append((group_of(task_id), handle, conn_id if isinstance(conn_id, str) else None))
+    lives = live_progress([(handle, conn_id) for _, handle, conn_id in found_jobs], with_history)
+    jobs = []
+    for (group, handle, _), progress in zip(found_jobs, lives, strict=True):
         source = "live"
         if progress is None:
             final = next(
