@@ -1,8 +1,9 @@
 """SkySshPoolHook: the `sky_ssh_pool` connection type, an ssh node pool kept in Airflow's connections.
 
 With it, Celery or Kubernetes workers need no pool file on disk: `sky_job(..., infra="ssh/<pool>",
-conn_id="<conn>")` reads the hosts, the default user, the private key (a secret) and the pinned host keys
-from the connection. The fields are described in airflow_sky.infra.ssh.connection.
+conn_id="<conn>")` reads the hosts, the default user, the private key (a secret), the pinned host keys and
+the state host (`extra.state`: where the pool's job records live, a host/user no job runs as) from the
+connection. The fields are described in airflow_sky.infra.ssh.connection.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class SkySshPoolHook(BaseHook):
                 "login": "ubuntu",
                 "port": "22",
                 "extra": '{"private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\\n...", '
-                '"known_hosts": "10.0.0.1 ssh-ed25519 AAAA...\\n10.0.0.2 ssh-ed25519 AAAA..."}',
+                '"known_hosts": "10.0.0.1 ssh-ed25519 AAAA...\\n10.0.0.2 ssh-ed25519 AAAA...", '
+                '"state": {"host": "10.0.0.5", "user": "skystate"}}',
             },
         }

@@ -1,7 +1,7 @@
 """Real OpenSSH servers for the ssh-infra tests: one `sshd` per loopback address, one Unix user per host.
 
 Each host has its own sshd process (own config, host key and pid file), its own user and home, so nodes do
-not share `~/sky_workdir`. Needs root (useradd, sshd); `.ci/run` runs the tests as root and the bootstrap
+not share `~/sky_workdir`. One more host, `state`, is the pools' state host: it runs no jobs. Needs root (useradd, sshd); `.ci/run` runs the tests as root and the bootstrap
 installs openssh-server. Everything started is stopped by `SshdPool.stop()`: the servers, every process of
 the test users, the users themselves.
 """
@@ -26,15 +26,18 @@ PORT = 2022
 
 
 class SshdHost:
-    def __init__(self, pool: SshdPool, index: int, user: str, address: str, home: Path) -> None:
+    def __init__(
+        self, pool: SshdPool, index: int, user: str, address: str, home: Path, name: str | None = None
+    ) -> None:
         self.pool = pool
         self.index = index
         self.user = user
         self.address = address
         self.home = home
-        self.dir = pool.root / f"host{index}"
+        name = name or f"host{index}"
+        self.dir = pool.root / name
         self.proc: subprocess.Popen[bytes] | None = None
-        self.alias = f"{pool.prefix}-host{index}"
+        self.alias = f"{pool.prefix}-{name}"
 
     def public_host_key(self) -> str:
         key_type, blob = (self.dir / "host_key.pub").read_text().split()[:2]
@@ -119,45 +122,75 @@ class SshdPool:
             SshdHost(self, i, f"sky{worker}{prefix[:6]}{i}", f"127.0.{third}.{i + 2}", self.root / f"home{i}")
             for i in range(size)
         ]
+        # The pools' state host: its own user and address, no job runs there.
+        state_address = f"127.0.{third}.{size + 2}"
+        self.state = SshdHost(
+            self, -1, f"sky{worker}{prefix[:6]}s", state_address, self.root / "home-state", "state"
+        )
         self.known_hosts = self.root / "known_hosts"
         self.ssh_config = self.root / "ssh_config"
 
     def start(self) -> SshdPool:
         try:
-            for host in self.hosts:
+            for host in self.all_hosts:
                 _create_user(host.user, host.home, Path(f"{self.client_key}.pub").read_text())
                 host.start()
         except BaseException:
             self.stop()
             raise
         self.known_hosts.write_text(
-            "".join(f"[{h.address}]:{PORT} {h.public_host_key()}\n" for h in self.hosts)
+            "".join(f"[{h.address}]:{PORT} {h.public_host_key()}\n" for h in self.all_hosts)
         )
         self.ssh_config.write_text(
             "".join(
                 f"Host {h.alias}\n  HostName {h.address}\n  Port {PORT}\n  User {h.user}\n\n"
-                for h in self.hosts
+                for h in self.all_hosts
             )
         )
         return self
 
+    @property
+    def all_hosts(self) -> list[SshdHost]:
+        """The job hosts and the state host."""
+        return [*self.hosts, self.state]
+
+    def state_records(self) -> Path:
+        """Where the state host keeps the pools' records."""
+        return self.state.home / ".airflow_sky" / "state"
+
+    def locked_hosts(self) -> list[str]:
+        """The hosts' lock records that hold a host (a released one is an empty record), as raw JSON text."""
+        return [
+            text
+            for path in sorted((self.state.home / ".airflow_sky" / "host-locks").glob("*.json"))
+            if '"cluster"' in (text := path.read_text())
+        ]
+
     def pool_yaml(self, name: str, hosts: list[SshdHost] | None = None) -> str:
-        """The pool in SkyPilot's ssh_node_pools.yaml format: aliases from ssh_config, the shared key."""
+        """The pool in SkyPilot's ssh_node_pools.yaml format: aliases from ssh_config, the shared key, and
+        our `state` host."""
         entries = "".join(f"    - {h.alias}\n" for h in hosts or self.hosts)
-        return f"{name}:\n  identity_file: {self.client_key}\n  hosts:\n{entries}"
+        return (
+            f"{name}:\n  identity_file: {self.client_key}\n  state:\n    host: {self.state.alias}\n"
+            f"  hosts:\n{entries}"
+        )
+
+    def state_connection_field(self) -> dict[str, str]:
+        """The connection form's `extra.state` (the port is the connection's)."""
+        return {"host": self.state.address, "user": self.state.user}
 
     def stop(self) -> None:
-        for host in self.hosts:
+        for host in self.all_hosts:
             with contextlib.suppress(Exception):
                 host.kill()
-        for host in self.hosts:
+        for host in self.all_hosts:
             subprocess.run(["userdel", "-f", host.user], check=False, capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def leftover_processes(self) -> list[str]:
         """Processes of the hosts' users other than the sshd sessions of connections this process holds."""
         out = subprocess.run(
-            ["pgrep", "-a", "-u", ",".join(h.user for h in self.hosts)], capture_output=True, text=True
+            ["pgrep", "-a", "-u", ",".join(h.user for h in self.all_hosts)], capture_output=True, text=True
         ).stdout
         # Zombies are dead already: where PID 1 does not reap (containers), killed sessions linger as them.
         return [

@@ -1,4 +1,4 @@
-"""The shell the ssh infra runs on a host (lock, release, clean, probe), run in a real local bash."""
+"""The shell the ssh infra runs on a host (clean, probe), run in a real local bash."""
 
 from __future__ import annotations
 
@@ -18,25 +18,6 @@ def _bash(script: str, home: Path, stdin: str = "") -> str:
     return subprocess.run(
         ["bash", "-c", script], input=stdin, env=env, capture_output=True, text=True, check=True
     ).stdout
-
-
-def test_the_first_lock_wins_and_the_second_learns_the_holder(tmp_path: Path) -> None:
-    first = hosts.new_lock("train", 0, "pool", "aaaa")
-    second = hosts.new_lock("other", 1, "pool", "bbbb")
-    assert _bash(hosts.acquire_command(), tmp_path, first.to_json()).strip() == "acquired"
-    out = _bash(hosts.acquire_command(), tmp_path, second.to_json())
-    status, _, holder = out.partition("\n")
-    assert status == "held" and hosts.HostLock.parse(holder) == first
-    assert sorted(p.name for p in (tmp_path / ".airflow_sky").iterdir()) == ["host.lock"]  # no temp left
-    assert oct((tmp_path / ".airflow_sky" / "host.lock").stat().st_mode & 0o777) == "0o600"
-
-
-def test_release_removes_only_the_lock_of_its_own_allocation(tmp_path: Path) -> None:
-    _bash(hosts.acquire_command(), tmp_path, hosts.new_lock("train", 0, "pool", "aaaa").to_json())
-    assert _bash(hosts.release_command("bbbb"), tmp_path).strip() == "kept"
-    assert (tmp_path / hosts.LOCK_PATH).exists()
-    assert _bash(hosts.release_command("aaaa"), tmp_path).strip() == "released"
-    assert not (tmp_path / hosts.LOCK_PATH).exists()
 
 
 def test_clean_stops_the_jobs_process_groups_and_removes_their_records(tmp_path: Path) -> None:
@@ -71,8 +52,7 @@ def _live_in_group(pgid: int) -> list[int]:
     return found
 
 
-def test_the_probe_reports_lock_tools_addresses_and_gpus(tmp_path: Path) -> None:
-    _bash(hosts.acquire_command(), tmp_path, hosts.new_lock("train", 2, "pool", "cccc").to_json())
+def test_the_probe_reports_tools_addresses_and_gpus(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/bash\necho 'NVIDIA L4, 2'\necho 'NVIDIA L4, 2'\n")
@@ -82,7 +62,6 @@ def test_the_probe_reports_lock_tools_addresses_and_gpus(tmp_path: Path) -> None
         ["bash", "-c", hosts.probe_command()], env=env, capture_output=True, text=True
     ).stdout
     facts = hosts.parse_probe(out)
-    assert facts.lock is not None and (facts.lock.cluster, facts.lock.rank) == ("train", 2)
     assert facts.bash != "-" and facts.python != "-"
     assert facts.gpus.names == ("NVIDIA L4", "NVIDIA L4")
 

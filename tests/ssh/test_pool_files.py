@@ -10,7 +10,7 @@ import pytest
 
 from airflow_sky.errors import SpecError
 from airflow_sky.infra.ssh.connection import pool_from_fields
-from airflow_sky.infra.ssh.pools import POOL_FILE_ENV, load_pool, parse_pool, pool_files
+from airflow_sky.infra.ssh.pools import POOL_FILE_ENV, Pool, load_pool, parse_pool, pool_files
 
 
 @pytest.fixture
@@ -180,3 +180,62 @@ def test_a_connection_pool_writes_its_key_0600_and_keeps_known_hosts(
 def test_a_connection_pool_refuses_unknown_extra_fields_by_name() -> None:
     with pytest.raises(SpecError, match=r"Airflow connection 'c': extra: unknown field\(s\) hostz"):
         pool_from_fields("p", "c", host="1.2.3.4", login=None, password=None, port=None, extra={"hostz": []})
+
+
+def _ubuntu_conn(port: int | None, extra: dict[str, object]) -> Pool:
+    """Connection `boxes` holding pool `p`: host 10.0.0.1 as ubuntu."""
+    return pool_from_fields(
+        "p", "boxes", host="10.0.0.1", login="ubuntu", password=None, port=port, extra=extra
+    )
+
+
+def test_a_pool_without_a_state_host_is_refused_naming_the_field(tmp_path: Path, key: Path) -> None:
+    from airflow_sky.infra.ssh.cloud import SshCloud
+
+    pool = parse_pool("p", {"identity_file": str(key), "hosts": ["10.0.0.1"]}, "pools.yaml")
+    with pytest.raises(SpecError) as raised:
+        SshCloud(pool_obj=pool).check_config()
+    message = str(raised.value)
+    assert message.startswith("pools.yaml: pool 'p': state: required.")
+    assert "state: {host: <IP or alias>, user:" in message and "\n" not in message
+    conn = _ubuntu_conn(None, {"identity_file": str(key)})
+    with pytest.raises(SpecError, match=r"Airflow connection 'boxes': pool 'p': extra.state: required"):
+        SshCloud(pool_obj=conn).check_config()
+
+
+def test_the_state_host_parses_from_the_file_and_the_connection_and_never_is_a_job_host(
+    tmp_path: Path, key: Path
+) -> None:
+    raw = {
+        "user": "ubuntu",
+        "identity_file": str(key),
+        "state": {
+            "host": "10.0.0.9",
+            "user": "skystate",
+            "port": 2200,
+            "host_key": "ssh-ed25519 AAAAstate c",
+        },
+        "hosts": ["10.0.0.1", {"ip": "10.0.0.2", "host_key": "ssh-ed25519 AAAAhost2"}],
+    }
+    pool = parse_pool("p", raw, "pools.yaml")
+    assert pool.state is not None
+    assert (pool.state.label, pool.state.identity_file, pool.state.host_key, pool.state.field) == (
+        "skystate@10.0.0.9:2200",
+        str(key),
+        "ssh-ed25519 AAAAstate",
+        "state",
+    )
+    assert [h.host_key for h in pool.hosts] == [None, "ssh-ed25519 AAAAhost2"]
+    conn = _ubuntu_conn(2222, {"identity_file": str(key), "state": {"host": "10.0.0.9", "user": "skystate"}})
+    assert conn.state is not None and conn.state.label == "skystate@10.0.0.9:2222"
+    same = dict(raw, state={"host": "10.0.0.1"})  # the pool's user on a job host: jobs could write there
+    with pytest.raises(SpecError, match=r"state: ubuntu@10.0.0.1 is also hosts\[0\], which runs jobs"):
+        parse_pool("p", same, "pools.yaml")
+    for bad, field in (
+        ({"host": "10.0.0.9", "hots": 1}, "state: hots: unknown field"),
+        ({"user": "x"}, "state: must be a mapping with `host`"),
+        ({"host": "10.0.0.9", "port": "22"}, "state: port: must be a TCP port"),
+        ({"host": "10.0.0.9", "host_key": "AAAA"}, "state: host_key: must be `<type> <base64>`"),
+    ):
+        with pytest.raises(SpecError, match=field):
+            parse_pool("p", dict(raw, state=bad), "pools.yaml")

@@ -29,6 +29,7 @@ def test_a_connection_pool_runs_a_job_with_no_pool_file_on_the_worker(
             "hosts": [{"ip": h.address, "user": h.user} for h in sshd_pool.hosts],
             "private_key": sshd_pool.client_key.read_text(),
             "known_hosts": sshd_pool.known_hosts.read_text(),
+            "state": sshd_pool.state_connection_field(),
         },
     }
     empty = tmp_path / "empty"
@@ -55,4 +56,4 @@ def test_a_connection_pool_runs_a_job_with_no_pool_file_on_the_worker(
     for rank, host in enumerate(sshd_pool.hosts):
         assert f"rank {rank} on {host.user} of 2" in result.output
     assert "BEGIN OPENSSH PRIVATE KEY" not in result.output  # the key never reaches a log
-    assert not any((h.home / ".airflow_sky" / "host.lock").exists() for h in sshd_pool.hosts)
+    assert sshd_pool.locked_hosts() == []

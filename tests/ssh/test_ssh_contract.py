@@ -32,19 +32,18 @@ class TestSshCloud(CloudContract):
         raw = {
             "identity_file": str(sshd_pool.client_key),
             "hosts": [sshd_pool.hosts[0].alias, sshd_pool.hosts[1].alias, {"ip": dead}],
+            "state": {"host": sshd_pool.state.alias},
         }
         return SshCloud(pool_obj=parse_pool(POOL, raw, "test", default_port=PORT))
 
     def leftovers(self, cluster_name: str) -> list[object]:
         found: list[object] = []
+        found.extend(lock for lock in self.sshd.locked_hosts() if f'"{cluster_name}"' in lock)
         for host in self.sshd.hosts:
-            lock = host.home / ".airflow_sky" / "host.lock"
-            if lock.exists() and cluster_name in lock.read_text():
-                found.append(lock)
             jobs = host.home / ".airflow_sky" / "jobs"
             if jobs.exists():
                 found.append(jobs)
-        state = self.sshd.hosts[0].home / STATE_ROOT / POOL / cluster_name
+        state = self.sshd.state.home / STATE_ROOT / POOL / cluster_name
         if state.exists():
             found.append(state)
         return found

@@ -52,7 +52,7 @@ def test_two_clusters_never_share_a_host_and_the_loser_learns_who_holds_what(
         cloud.terminate("second")
     finally:
         cloud.terminate("first")
-    assert not any((h.home / ".airflow_sky" / "host.lock").exists() for h in sshd_pool.hosts)
+    assert sshd_pool.locked_hosts() == []
 
 
 def test_a_stale_lock_is_broken_by_unlock_and_a_live_one_only_with_force(
@@ -101,9 +101,11 @@ def bad_pool_file(sshd_pool: SshdPool, tmp_path: Path) -> Path:
     stranger = tmp_path / "ssh_config"
     stranger.write_text(sshd_pool.ssh_config.read_text())
     path = tmp_path / "pools.yaml"
+    state = f"  state: {{host: {sshd_pool.state.alias}, identity_file: {sshd_pool.client_key}}}\n"
     path.write_text(
-        f"wrongkey:\n  identity_file: {wrong_key}\n  hosts: [{sshd_pool.hosts[0].alias}]\n"
-        f"unknown:\n  identity_file: {sshd_pool.client_key}\n  hosts:\n    - ip: 127.0.0.1\n      user: nobody\n"
+        f"wrongkey:\n  identity_file: {wrong_key}\n{state}  hosts: [{sshd_pool.hosts[0].alias}]\n"
+        f"unknown:\n  identity_file: {sshd_pool.client_key}\n{state}  hosts:\n    - ip: 127.0.0.1\n"
+        "      user: nobody\n"
     )
     return path
 
@@ -142,4 +144,4 @@ def test_a_wrong_key_an_unknown_host_key_and_a_missing_pool_each_give_one_line(
         and "ssh-keyscan 127.0.0.1 >>" in message
         and "\n" not in message
     )
-    assert not any((h.home / ".airflow_sky" / "host.lock").exists() for h in sshd_pool.hosts)
+    assert sshd_pool.locked_hosts() == []

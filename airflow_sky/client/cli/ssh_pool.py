@@ -1,7 +1,8 @@
 """`airflow-sky ssh check POOL` and `airflow-sky ssh unlock POOL`: the hosts of an ssh node pool.
 
 `check` connects to every host and prints one row each, like `sky check`: reachable, key accepted, the
-tools the job layer needs (bash, rsync, python3), the GPUs nvidia-smi reports, and who holds the host.
+tools the job layer needs (bash, rsync, python3), the GPUs nvidia-smi reports, and who holds the host (read
+from the pool's state host, which `check` needs).
 `unlock` breaks stale locks: a lock whose cluster no longer has the host (torn down while the host was
 off, or replaced away from it); `--force` breaks live ones too.
 """
@@ -18,7 +19,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from airflow_sky.infra.ssh.cloud import SshCloud
-    from airflow_sky.infra.ssh.hosts import HostFacts
+    from airflow_sky.infra.ssh.hosts import HostLock
 
 ACTIONS = ("check", "unlock")
 
@@ -68,7 +69,7 @@ def _check(cloud: SshCloud) -> int:
             "✓" if facts.rsync else "[yellow]no: SFTP[/yellow]",
             facts.python if facts.python != "-" else "[red]missing[/red]",
             facts.gpus.describe().replace("NVIDIA ", "") if facts.gpus.count else "-",
-            _holder(facts),
+            _holder(status.lock),
         )
     console.print(table)
     if not healthy:
@@ -76,10 +77,8 @@ def _check(cloud: SshCloud) -> int:
     return 0 if healthy else 1
 
 
-def _holder(facts: HostFacts) -> str:
-    if facts.lock is not None:
-        return f"{facts.lock.cluster} (rank {facts.lock.rank})"
-    return "locked" if facts.lock_unreadable else "free"
+def _holder(lock: HostLock | None) -> str:
+    return f"{lock.cluster} (rank {lock.rank})" if lock is not None else "free"
 
 
 def _short(error: str | None) -> str:

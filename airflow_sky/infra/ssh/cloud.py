@@ -4,10 +4,14 @@ Nothing is created or destroyed: provisioning hands out `num_nodes` free hosts i
 position among them) and locks each one for the cluster; teardown stops the cluster's jobs, removes their
 records and the lock, and leaves the machine. Where the truth lives:
 
-- who holds a host: its lock file (`~/.airflow_sky/host.lock`, see hosts.py), so two Airflow deployments
+- who holds a host: its lock record on the pool's state host (host_locks.py), so two Airflow deployments
   or two clusters never share one;
 - which hosts make up a cluster, with their ranks: the `nodes` record in the cluster's StateStore on the
   pool's state host (state_store.py) — so a member that stopped answering is still known, as UNREACHABLE.
+
+The state host is named by the pool definition (`state:`) and runs no jobs: nothing a job on a pool host
+writes decides membership, addresses or host keys. A node's address, user and host key always come from the
+pool definition; the record only says which pool host (by label) holds which rank (`checked_host`).
 
 Node status: RUNNING when the host answers and still holds the allocation's lock, TERMINATED when its lock
 is gone or another cluster's, UNREACHABLE when it does not answer (a failure, not a preemption: recovery
@@ -33,7 +37,7 @@ from airflow_sky.infra.base import Cloud, ClusterInfo, Endpoint, Node, NodeStatu
 from airflow_sky.infra.ssh import hosts
 from airflow_sky.infra.ssh.allocation import accelerators_of, gpu_count, no_host_message
 from airflow_sky.infra.ssh.pool_hosts import PoolHosts
-from airflow_sky.infra.ssh.pools import PoolHost, is_ip
+from airflow_sky.infra.ssh.pools import PoolHost, is_ip, state_host
 from airflow_sky.infra.ssh.state_store import SshStateStore, list_clusters
 from airflow_sky.infra.state_store import StateStore
 
@@ -65,6 +69,7 @@ class HostStatus:
     reachable: bool
     error: str | None = None
     facts: hosts.HostFacts | None = None
+    lock: hosts.HostLock | None = None  # who holds it (from the state host)
 
 
 class SshCloud(PoolHosts, Cloud):
@@ -75,7 +80,7 @@ class SshCloud(PoolHosts, Cloud):
     # ---- Cloud interface -------------------------------------------------------------------------------
 
     def check_config(self) -> None:
-        _ = self.pool  # parsed and validated: the file, the pool, each host's key
+        state_host(self.pool)  # parsed and validated: the file, the pool, each host's key, the state host
 
     def provision(self, request: ProvisionRequest) -> list[Node]:
         cluster = request.cluster_name
@@ -139,23 +144,15 @@ class SshCloud(PoolHosts, Cloud):
 
     def terminate(self, cluster_name: str) -> None:
         """Stop the cluster's jobs and free its hosts (every pool host whose lock names it), then its records."""
-        statuses = self._map(self.pool.hosts, self._try_read_lock)
-        for host, (lock, error) in zip(self.pool.hosts, statuses, strict=True):
-            if (
-                error is None
-                and lock is not None
-                and lock.cluster == cluster_name
-                and lock.pool == self.pool_name
-            ):
-                client = self._client(host)
-                hosts.clean(client)
-                hosts.release(client, lock.token)
-        record = self.state_store(cluster_name).get(NODES_KEY)
-        unreachable = [
-            m.host
-            for m in _members(record.data if record else None).values()
-            if statuses[self._index(m.host)][1] is not None
+        held = self._locks.read_all(self.pool.hosts)
+        ours = [
+            h
+            for h in self.pool.hosts
+            if h.label in held
+            and (held[h.label].cluster, held[h.label].pool) == (cluster_name, self.pool_name)
         ]
+        freed = self._map(ours, lambda host: self._free(host, held[host.label].token))
+        unreachable = [host.label for host, done in zip(ours, freed, strict=True) if not done]
         if unreachable:
             log.warning(
                 "ssh/%s: hosts %s of cluster %s did not answer; their locks stay until they are back "
@@ -174,7 +171,9 @@ class SshCloud(PoolHosts, Cloud):
         return str(self.pool.hosts[0].identity_file)
 
     def key_file_for(self, cluster_name: str, node: Node) -> str:
-        return str(self._host(_host_label(node.instance_id)).identity_file)
+        """The key of the pool host `node` names, once its address and host key are the pool's (every
+        connection to a node asks here first)."""
+        return str(self.checked_host(node).identity_file)
 
     def state_store(self, cluster_name: str) -> StateStore:
         return self._store(cluster_name)
@@ -184,11 +183,12 @@ class SshCloud(PoolHosts, Cloud):
         return tuple(record.data.get("ports") or ()) if record else ()
 
     def clusters(self) -> list[str]:
+        state = state_host(self.pool)
         try:
-            return list_clusters(self._client(self.pool.hosts[0]), self.pool_name)
+            return list_clusters(self._client(state), self.pool_name)
         except RemoteError as e:
             raise ClusterError(
-                f"ssh/{self.pool_name}: the state host {self.pool.hosts[0].label} does not answer: {e}"
+                f"ssh/{self.pool_name}: the state host {state.label} does not answer: {e}"
             ) from e
 
     # ---- pool-only operations ----------------------------------------------------------------------------
@@ -196,11 +196,14 @@ class SshCloud(PoolHosts, Cloud):
     def check(self) -> list[HostStatus]:
         """Every host of the pool: reachable, key accepted, tools present, GPUs, free or held."""
 
+        held = self._locks.read_all(self.pool.hosts)
+
         def one(host: PoolHost) -> HostStatus:
             try:
-                return HostStatus(host, True, facts=hosts.probe(self._client(host)))
+                facts = hosts.probe(self._client(host))
+                return HostStatus(host, True, facts=facts, lock=held.get(host.label))
             except (RemoteError, ClusterError) as e:
-                return HostStatus(host, False, error=str(e))
+                return HostStatus(host, False, error=str(e), lock=held.get(host.label))
 
         return self._map(self.pool.hosts, one)
 
@@ -210,33 +213,29 @@ class SshCloud(PoolHosts, Cloud):
         """Free hosts held by stale locks (their cluster has no record of the host any more): stop what that
         cluster left running there, remove its job records and the lock. `force` frees live hosts too."""
         broken = []
-        known: dict[str, dict[int, Member]] = {}
+        known: dict[tuple[str, str], dict[int, Member]] = {}
+        locks = self._locks
+        held = locks.read_all(self.pool.hosts)
         for host in self.pool.hosts:
             if only_hosts and host.name not in only_hosts and host.label not in only_hosts:
                 continue
-            lock, error = self._try_read_lock(host)
-            if error is not None or lock is None:
+            lock = held.get(host.label)
+            if lock is None or self._try_reach(host) is not None:
                 continue
-            if lock.cluster not in known:
-                record = self._store(lock.cluster).get(NODES_KEY) if lock.pool == self.pool_name else None
-                known[lock.cluster] = _members(record.data if record else None)
-            member = known[lock.cluster].get(lock.rank)
+            if (lock.pool, lock.cluster) not in known:  # a pool sharing the host keeps its records here too
+                record = self._store(lock.cluster, lock.pool).get(NODES_KEY) if lock.pool else None
+                known[lock.pool, lock.cluster] = _members(record.data if record else None)
+            member = known[lock.pool, lock.cluster].get(lock.rank)
             live = member is not None and member.host == host.label and member.token == lock.token
             if live and not force:
                 continue
             # The host goes back as teardown would have left it: the gone cluster's jobs stopped, their
             # records removed (it was off when its cluster was torn down), then the lock.
-            client = self._client(host)
-            hosts.clean(client)
-            if hosts.release(client, lock.token):
+            if self._free(host, lock.token):
                 broken.append((host, lock))
         return broken
 
     # ---- internals -------------------------------------------------------------------------------------
-
-    def _store(self, cluster_name: str) -> SshStateStore:
-        head = self.pool.hosts[0]
-        return SshStateStore(lambda: self._client(head), self.pool_name, cluster_name, head.label)
 
     def _allocate(
         self,
@@ -249,6 +248,8 @@ class SshCloud(PoolHosts, Cloud):
     ) -> Iterable[Member]:
         """Lock one free, suitable host per rank, in pool order; all or nothing."""
         candidates = [h for h in self.pool.hosts if h.label not in taken]
+        locks = self._locks
+        held_now = locks.read_all(candidates)
         probes = self._map(candidates, self._try_probe)
         held: list[str] = []
         unsuitable: list[tuple[str, gpu_rules.Gpus]] = []
@@ -262,17 +263,15 @@ class SshCloud(PoolHosts, Cloud):
                 if error is not None or facts is None:
                     down.append(f"{host.label} ({error})")
                     continue
-                if facts.lock is not None or facts.lock_unreadable:
-                    held.append(f"{host.label}: {facts.lock.describe() if facts.lock else 'locked'}")
+                if host.label in held_now:
+                    held.append(f"{host.label}: {held_now[host.label].describe()}")
                     continue
                 if gpu_rules.satisfies(facts.gpus, accelerators) is None:
                     unsuitable.append((host.label, facts.gpus))
                     continue
                 rank = pending[0]
                 token = secrets.token_hex(8)
-                holder = hosts.acquire(
-                    self._client(host), hosts.new_lock(cluster, rank, self.pool_name, token)
-                )
+                holder = locks.acquire(host, hosts.new_lock(cluster, rank, self.pool_name, token))
                 if holder is not None:  # another cluster got there between the probe and the lock
                     held.append(f"{host.label}: {holder.describe()}")
                     continue
@@ -323,17 +322,22 @@ class SshCloud(PoolHosts, Cloud):
 
     def _nodes_of(self, members: dict[int, Member]) -> list[Node]:
         ordered = [members[r] for r in sorted(members)]
-        return self._map(ordered, self._node_status)
+        if not ordered:
+            return []
+        listed = [h for m in ordered if (h := self.pool.host(m.host)) is not None]
+        held = self._locks.read_all(listed)
+        return self._map(ordered, lambda member: self._node_status(member, held))
 
-    def _node_status(self, member: Member) -> Node:
+    def _node_status(self, member: Member, held: dict[str, hosts.HostLock]) -> Node:
         host = self.pool.host(member.host)
         if host is None:  # the pool no longer lists the host: it is not ours to reach
             return self._node(member, None, NodeStatus.TERMINATED)
-        lock, error = self._try_read_lock(host)
-        if error is not None:
+        lock = held.get(host.label)
+        if lock is None or lock.token != member.token:
+            return self._node(member, host, NodeStatus.TERMINATED)
+        if self._try_reach(host) is not None:
             return self._node(member, host, NodeStatus.UNREACHABLE)
-        ours = lock is not None and lock.token == member.token
-        return self._node(member, host, NodeStatus.RUNNING if ours else NodeStatus.TERMINATED)
+        return self._node(member, host, NodeStatus.RUNNING)
 
     def _node(self, member: Member, host: PoolHost | None, status: NodeStatus) -> Node:
         if host is not None:
@@ -353,10 +357,6 @@ def _members(data: dict[str, Any] | None) -> dict[int, Member]:
         )
         for m in data.get("nodes", [])
     }
-
-
-def _host_label(instance_id: str) -> str:
-    return instance_id.rpartition("#")[0] or instance_id
 
 
 def _resolved(address: str) -> str:

@@ -4,7 +4,8 @@
     login     the pool's default user           password   accepted (SkyPilot's sudo password), unused
     port      the port for hosts given as IPs (default 22)
     extra     {"hosts": [...], "private_key": "-----BEGIN ...", "identity_file": "~/.ssh/key",
-               "known_hosts": "<known_hosts lines pinning the hosts' keys>"}
+               "known_hosts": "<known_hosts lines pinning the hosts' keys>",
+               "state": {"host": "10.0.0.5", "user": "skystate"}}   (the pool file's `state`, required)
 
 `private_key` is a secret (Airflow masks extras of that name); it is written to a 0600 file of this process
 for SSH to read, never logged and never passed on a command line.
@@ -58,7 +59,7 @@ def _extra(raw: Any, conn_id: str) -> dict[str, Any]:
     return data
 
 
-_EXTRA_FIELDS = ("hosts", "private_key", "identity_file", "known_hosts")
+_EXTRA_FIELDS = ("hosts", "private_key", "identity_file", "known_hosts", "state")
 
 
 def pool_from_fields(
@@ -90,6 +91,8 @@ def pool_from_fields(
     for key, value in (("user", login), ("password", password), ("identity_file", identity_file)):
         if value:
             raw[key] = value
+    if extra.get("state") is not None:
+        raw["state"] = extra["state"]
     pool = parse_pool(pool_name, raw, source, default_port=int(port or 22))
     known = extra.get("known_hosts") or ""
     if not isinstance(known, str):
@@ -100,4 +103,6 @@ def pool_from_fields(
         hosts=pool.hosts,
         private_key=private_key,
         known_hosts=tuple(line for line in known.splitlines() if line.strip()),
+        state=pool.state,
+        state_field="extra.state",
     )

@@ -1,15 +1,15 @@
-"""What the ssh infra does on a pool's hosts: probe them, lock them for a cluster, clean them at teardown.
+"""What the ssh infra does on a pool's hosts: probe them and clean them at teardown; the lock record.
 
-The lock is one file in the login user's home, `~/.airflow_sky/host.lock`, naming the cluster, the rank and
-a token. It is created with `ln` from a complete temp file: `ln` fails when the name exists, so exactly one
-cluster wins a host, and a reader never sees half a record. Shell text comes from the pure functions below.
+A host is held for a cluster by a lock naming the cluster, the rank and a token. The lock is kept on the
+pool's state host (host_locks.py), never on the host itself: a job there could delete or forge it. What a
+probe reads from a host (tools, addresses, GPUs) is the host's answer, used to pick hosts, never to decide
+who holds one. Shell text comes from the pure functions below.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import shlex
 import socket
 import time
@@ -20,7 +20,6 @@ from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.node.shell_reads import READ_SMALL
 
-LOCK_PATH = ".airflow_sky/host.lock"  # relative to the login user's home (what SFTP sees)
 _DOCKER_BRIDGE = ipaddress.ip_network("172.17.0.0/16")  # docker0: never how other hosts reach this one
 _GPU_MARKER = "--- gpus ---"
 
@@ -36,13 +35,15 @@ class HostLock:
     locked_at: float = 0.0
     locked_by: str = ""
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
     @classmethod
-    def parse(cls, raw: bytes | str) -> HostLock | None:
+    def from_dict(cls, data: dict[str, Any]) -> HostLock | None:
+        """The lock a record holds; None for a free host's (empty) record."""
+        if not data:
+            return None
         try:
-            data: dict[str, Any] = json.loads(raw)
             return cls(
                 cluster=str(data["cluster"]),
                 rank=int(data["rank"]),
@@ -67,8 +68,6 @@ def new_lock(cluster: str, rank: int, pool: str, token: str) -> HostLock:
 class HostFacts:
     """What a probe learned about a host."""
 
-    lock: HostLock | None
-    lock_unreadable: bool  # a lock file exists but is not ours to parse (being written, or foreign)
     bash: str
     rsync: bool
     python: str
@@ -80,9 +79,8 @@ class HostFacts:
 
 
 def probe_command() -> str:
-    """One exec: the lock, the tools the job layer needs, and nvidia-smi's view of the GPUs."""
+    """One exec: the tools the job layer needs, the host's addresses, and nvidia-smi's view of the GPUs."""
     return f"""\
-printf 'lock %s\\n' "$(cat "$HOME"/{LOCK_PATH} 2>/dev/null | tr -d '\\n' || true)"
 printf 'bash %s\\n' "${{BASH_VERSION:--}}"
 printf 'rsync %s\\n' "$(command -v rsync >/dev/null 2>&1 && echo 1 || echo 0)"
 printf 'addrs %s\\n' "$(hostname -I 2>/dev/null || true)"
@@ -98,11 +96,7 @@ def parse_probe(output: str) -> HostFacts:
     for line in head.splitlines():
         key, _, value = line.partition(" ")
         values[key] = value.strip()
-    raw_lock = values.get("lock", "")
-    lock = HostLock.parse(raw_lock) if raw_lock else None
     return HostFacts(
-        lock=lock,
-        lock_unreadable=bool(raw_lock) and lock is None,
         bash=values.get("bash", "-"),
         rsync=values.get("rsync") == "1",
         python=values.get("python", "-"),
@@ -140,27 +134,6 @@ def internal_ip(pool_address: str, host_addresses: tuple[str, ...]) -> str:
     return pool_address
 
 
-def acquire_command() -> str:
-    """Create the lock from the record on stdin unless one exists; print `acquired`, or `held` and the holder."""
-    return f"""\
-set -u
-umask 077
-mkdir -p "$HOME/.airflow_sky"
-tmp=$(mktemp "$HOME/.airflow_sky/.host.lock.XXXXXX")
-cat > "$tmp"
-if ln "$tmp" "$HOME"/{LOCK_PATH} 2>/dev/null; then rm -f "$tmp"; echo acquired
-else rm -f "$tmp"; echo held; cat "$HOME"/{LOCK_PATH} 2>/dev/null || true; fi
-"""
-
-
-def release_command(token: str) -> str:
-    """Remove the lock only when it is still the allocation `token` (never another cluster's)."""
-    return f"""\
-f="$HOME"/{LOCK_PATH}
-if grep -qF {shlex.quote(json.dumps(token))} "$f" 2>/dev/null; then rm -f "$f"; echo released; else echo kept; fi
-"""
-
-
 def clean_command() -> str:
     """Stop every job the cluster started on the host (their process groups) and remove the job records.
 
@@ -184,10 +157,10 @@ def unusable_reason(e: Exception) -> str:
         text = text.split(": ", 1)[1]
     if "Authentication failed" in text:
         return "the host refused the key (identity_file) for this user"
-    if "does not match" in text:
+    if "does not match" in text or "presented host key" in text:
         return (
-            "its host key does not match the pinned one in known_hosts (a reinstalled host, or someone in "
-            "between): check it, then replace the known_hosts line"
+            "its host key does not match the one the pool pins (the host's `host_key`, or its known_hosts "
+            "line): a reinstalled host, or someone in between; check it, then replace the pinned key"
         )
     return text
 
@@ -198,26 +171,6 @@ def unusable_reason(e: Exception) -> str:
 def probe(client: NodeClient) -> HostFacts:
     _rc, out, _err = client.exec(probe_command(), timeout=30)
     return parse_probe(out.decode(errors="replace"))
-
-
-def acquire(client: NodeClient, lock: HostLock) -> HostLock | None:
-    """Take the host for `lock`; None on success, else the current holder (or a placeholder if unreadable)."""
-    rc, out, _err = client.exec(acquire_command(), stdin=lock.to_json().encode(), timeout=30)
-    text = out.decode(errors="replace")
-    if rc == 0 and text.startswith("acquired"):
-        return None
-    holder = HostLock.parse(text.partition("\n")[2]) if text.startswith("held") else None
-    return holder or HostLock(cluster="?", rank=-1, pool="", token="")
-
-
-def read_lock(client: NodeClient) -> HostLock | None:
-    raw = client.read_file(LOCK_PATH, max_bytes=64 * 1024)
-    return HostLock.parse(raw) if raw else None
-
-
-def release(client: NodeClient, token: str) -> bool:
-    _rc, out, _ = client.exec(release_command(token), timeout=30)
-    return out.startswith(b"released")
 
 
 def clean(client: NodeClient) -> None:

@@ -1,10 +1,17 @@
 """The ssh infra's pool as one driver sees it: the pool (from its file or connection), each host's pinned
-key (never trusted on first use), one kept-open connection per host, and the host reads that may fail."""
+key (never trusted on first use), one kept-open connection per host, and the host reads that may fail.
+
+Trust line: a node's address, user and host key come from the pool definition (its file or connection,
+the worker's known_hosts), never from a record. Nodes handed back by the job state or XCom are checked
+against it before any connection (`checked_host`), and who holds a host is read from the pool's state host
+(host_locks.py), which runs no jobs: nothing a job on a pool host writes is believed.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ipaddress
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -12,10 +19,12 @@ from typing import Any, TypeVar
 import paramiko
 
 from airflow_sky.errors import ClusterError, RemoteError
-from airflow_sky.infra.base import Endpoint, NodeStatus
+from airflow_sky.infra.base import Endpoint, Node, NodeStatus
 from airflow_sky.infra.home import user_known_hosts
 from airflow_sky.infra.ssh import hosts
-from airflow_sky.infra.ssh.pools import Pool, PoolHost, load_pool
+from airflow_sky.infra.ssh.host_locks import HostLocks
+from airflow_sky.infra.ssh.pools import Pool, PoolHost, is_ip, load_pool, state_host
+from airflow_sky.infra.ssh.state_store import HOST_LOCKS_ROOT, SshStateStore
 from airflow_sky.node.client import NodeClient
 
 MAX_PARALLEL = 32  # hosts talked to at once (an sshd's MaxStartups drops bursts beyond ~10-30)
@@ -56,12 +65,61 @@ class PoolHosts:
             )
         return host
 
-    def _index(self, label: str) -> int:
-        host = self.pool.host(label)
-        return host.index if host else -1
+    # ---- the state host ----------------------------------------------------------------------------------
 
-    def _pinned_key(self, host: PoolHost) -> str:
-        """The host's key from the pool's connection or known_hosts; unknown hosts are refused."""
+    def _store(self, cluster_name: str, pool: str | None = None) -> SshStateStore:
+        """Cluster `cluster_name`'s records (of this pool, or `pool` kept on the same state host); a pool
+        that names no state host is refused."""
+        state = state_host(self.pool)
+        return SshStateStore(lambda: self._client(state), pool or self.pool_name, cluster_name, state.label)
+
+    @property
+    def _locks(self) -> HostLocks:
+        """Who holds which host, on the state host."""
+        state = state_host(self.pool)
+        return HostLocks(
+            SshStateStore(lambda: self._client(state), "", "", state.label, root=HOST_LOCKS_ROOT)
+        )
+
+    # ---- host keys and addresses: from the pool definition -----------------------------------------------
+
+    def checked_host(self, node: Node) -> PoolHost:
+        """The pool host `node` names, refusing a node whose address, user or host key the pool does not give.
+
+        Nodes come back from records (the job state, XCom, trigger kwargs): every connection to a node of
+        this infra asks for its key file here first (Cluster.client, key_files), so a record that points a
+        rank elsewhere is refused, never used.
+        """
+        label = node.instance_id.rpartition("#")[0] or node.instance_id
+        host = self.pool.host(label)
+        if host is None:
+            raise ClusterError(
+                f"ssh/{self.pool_name}: rank {node.rank} names host {label!r}, which is not in the pool "
+                f"({self.pool.source}); refusing to connect"
+            )
+        wrong = []
+        if (node.ssh_host, node.ssh_port, node.ssh_user) != (host.address, host.port, host.user):
+            wrong.append(f"address {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
+        if node.host_key is None or _key_text(node.host_key) not in self._pinned_keys(host):
+            wrong.append("host key")
+        if is_ip(host.address) and _private(host.address) and node.internal_ip != host.address:
+            wrong.append(f"internal IP {node.internal_ip}")
+        if wrong:
+            raise ClusterError(
+                f"ssh/{self.pool_name}: the record of rank {node.rank} gives {' and '.join(wrong)} for "
+                f"{host.label} ({host.field} in {self.pool.source}), which the pool definition does not; "
+                "refusing to connect (a record was changed: check the pool's state host)"
+            )
+        return host
+
+    def _pinned_keys(self, host: PoolHost) -> set[str]:
+        """Every key the pool definition pins for `host` (`<type> <base64>`)."""
+        if host.host_key:
+            return {host.host_key}
+        found = self._known_hosts().lookup(host.known_hosts_name)
+        return {f"{key.get_name()} {key.get_base64()}" for key in found.values()} if found else set()
+
+    def _known_hosts(self) -> paramiko.HostKeys:
         if self._host_keys is None:
             keys = paramiko.HostKeys()
             path = user_known_hosts()
@@ -74,14 +132,22 @@ class PoolHosts:
                     for name in entry.hostnames:
                         keys.add(name, entry.key.get_name(), entry.key)
             self._host_keys = keys
-        found = self._host_keys.lookup(host.known_hosts_name)
+        return self._host_keys
+
+    def _pinned_key(self, host: PoolHost) -> str:
+        """The host's key from the pool definition (`host_key`, the connection's or the worker's known_hosts);
+        unknown hosts are refused."""
+        if host.host_key:
+            return host.host_key
+        found = self._known_hosts().lookup(host.known_hosts_name)
         if not found:
             port = "" if host.port == 22 else f"-p {host.port} "
             raise ClusterError(
-                f"ssh/{self.pool_name}: host {host.label} (hosts[{host.index}] in {self.pool.source}) has no "
+                f"ssh/{self.pool_name}: host {host.label} ({host.field} in {self.pool.source}) has no "
                 f"known host key in {user_known_hosts()}; airflow-sky never trusts a key on first use. Check the "
                 f"host's fingerprint, then add it: ssh-keyscan {port}{host.address} >> {user_known_hosts()}"
-                " (or put the line in the pool connection's extra `known_hosts`)"
+                " (or set the host's `host_key` in the pool, or put the line in the pool connection's extra "
+                "`known_hosts`)"
             )
         preferred = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "ssh-rsa")
         key_type = next((t for t in preferred if t in found), next(iter(found.keys())))
@@ -106,11 +172,13 @@ class PoolHosts:
                 )
             return client
 
-    def _try_read_lock(self, host: PoolHost) -> tuple[hosts.HostLock | None, str | None]:
+    def _try_reach(self, host: PoolHost) -> str | None:
+        """None when the host answers (one SFTP request on the kept connection), else why it cannot be used."""
         try:
-            return hosts.read_lock(self._client(host)), None
+            self._client(host).listdir(".")
+            return None
         except (RemoteError, OSError, paramiko.SSHException) as e:  # a transport that broke mid-request
-            return None, hosts.unusable_reason(e)
+            return hosts.unusable_reason(e)
 
     def _try_probe(self, host: PoolHost) -> tuple[hosts.HostFacts | None, str | None]:
         try:
@@ -118,9 +186,20 @@ class PoolHosts:
         except (RemoteError, OSError, paramiko.SSHException) as e:
             return None, hosts.unusable_reason(e)
 
+    def _free(self, host: PoolHost, token: str) -> bool:
+        """Free `host` of allocation `token`: its jobs are stopped first, so no process of a cluster that
+        is gone meets the next one's files. A host that does not answer keeps its lock (stale: `airflow-sky
+        ssh unlock` frees it once it is back). True when freed."""
+        locks = self._locks
+        lock = locks.read(host)
+        if lock is None or lock.token != token or self._try_reach(host) is not None:
+            return False
+        hosts.clean(self._client(host))
+        return locks.release(host, token)
+
     def _release_quietly(self, host: PoolHost, token: str) -> None:
         with contextlib.suppress(RemoteError, ClusterError):
-            hosts.release(self._client(host), token)
+            self._free(host, token)
 
     @staticmethod
     def _map(items: Sequence[Any], fn: Callable[[Any], _T]) -> list[_T]:
@@ -128,3 +207,12 @@ class PoolHosts:
             return [fn(item) for item in items]
         with concurrent.futures.ThreadPoolExecutor(min(MAX_PARALLEL, len(items))) as pool:
             return list(pool.map(fn, items))
+
+
+def _key_text(host_key: str) -> str:
+    return " ".join(host_key.split()[:2])
+
+
+def _private(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_private or ip.is_loopback

@@ -4,10 +4,14 @@
       user: ubuntu                # optional defaults for every host of the pool
       identity_file: ~/.ssh/id_rsa
       password: ...               # SkyPilot's, for sudo: accepted, never used (nothing here needs root)
+      state:                      # ours: where the pool's job records live, a host/user that runs no jobs
+        host: 192.168.1.5         # an IP or an alias; `user`, `port`, `identity_file`, `host_key` optional
+        user: skystate
       hosts:                      # required, non-empty; rank = position among the hosts handed out
         - 192.168.1.10            # an IP, or an alias from ~/.ssh/config (its HostName, Port, User, IdentityFile)
         - ip: 192.168.1.11        # or a mapping: `ip` required, the defaults above overridable
           user: admin
+          host_key: ssh-ed25519 AAAA...   # ours: the host's pinned key (else known_hosts has it)
 
 Files searched, first hit wins: $AIRFLOW_SKY_SSH_NODE_POOLS (only that file when set), then
 `~/.airflow_sky/ssh_node_pools.yaml` (ours), then SkyPilot's `~/.sky/ssh_node_pools.yaml`.
@@ -33,8 +37,16 @@ if TYPE_CHECKING:
     import paramiko
 
 POOL_FILE_ENV = "AIRFLOW_SKY_SSH_NODE_POOLS"
-POOL_FIELDS = ("user", "identity_file", "password", "hosts")
-HOST_FIELDS = ("ip", "user", "identity_file", "password")
+POOL_FIELDS = ("user", "identity_file", "password", "hosts", "state")
+HOST_FIELDS = ("ip", "user", "identity_file", "password", "host_key")
+STATE_FIELDS = ("host", "user", "port", "identity_file", "host_key")
+HOST_KEY_TYPES = (
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "ssh-rsa",
+)
 # The keys OpenSSH tries when neither the pool nor ~/.ssh/config names one.
 _DEFAULT_KEYS = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 
@@ -50,6 +62,12 @@ class PoolHost:
     user: str
     identity_file: str | None  # None only for a connection pool that carries its key
     password: str | None = dataclasses.field(default=None, repr=False)
+    host_key: str | None = None  # `<type> <base64>` pinned in the pool definition (else known_hosts)
+
+    @property
+    def field(self) -> str:
+        """Where the pool definition names the host: `hosts[i]`, or `state` for the state host."""
+        return f"hosts[{self.index}]" if self.index >= 0 else "state"
 
     @property
     def label(self) -> str:
@@ -73,6 +91,9 @@ class Pool:
     # From an Airflow connection: the key itself and pinned host keys (`[host]:port type base64` lines).
     private_key: str | None = dataclasses.field(default=None, repr=False)
     known_hosts: tuple[str, ...] = ()
+    # Where the job records live (a host/user that runs no jobs); None: not given (refused when needed).
+    state: PoolHost | None = None
+    state_field: str = "state"  # how the definition names it (`extra.state` in a connection)
 
     def host(self, label: str) -> PoolHost | None:
         return next((h for h in self.hosts if h.label == label), None)
@@ -154,7 +175,61 @@ def parse_pool(
                 f"{where}: hosts[{host.index}]: {host.label} is listed twice (also hosts[{seen[host.label]}])"
             )
         seen[host.label] = host.index
-    return Pool(name=name, source=source, hosts=resolved)
+    state = _parse_state(raw.get("state"), defaults, where, config, default_port)
+    if state is not None:
+        shared = next((h for h in resolved if (h.address, h.user) == (state.address, state.user)), None)
+        if shared is not None:
+            raise SpecError(
+                f"{where}: state: {state.user}@{state.address} is also {shared.field}, which runs jobs (a job "
+                "there could rewrite the records); name a user the jobs do not run as (another account on "
+                "that machine) or another machine"
+            )
+    return Pool(name=name, source=source, hosts=resolved, state=state)
+
+
+def _parse_state(
+    raw: Any,
+    defaults: Mapping[str, str | None],
+    where: str,
+    config: paramiko.SSHConfig,
+    default_port: int,
+) -> PoolHost | None:
+    """The pool's state host: a mapping `{host, user, port, identity_file, host_key}` (`host` required)."""
+    if raw is None:
+        return None
+    where = f"{where}: state"
+    if not isinstance(raw, dict) or "host" not in raw:
+        raise SpecError(
+            f"{where}: must be a mapping with `host` (an IP or ssh-config alias of a host/user that runs no "
+            f"jobs) and optional {', '.join(STATE_FIELDS[1:])}; got {show(raw)}"
+        )
+    for key in raw:
+        if key not in STATE_FIELDS:
+            raise SpecError(f"{where}: {key}: {unknown_field_message(key, STATE_FIELDS)}")
+    name = raw["host"]
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name.strip()):
+        raise SpecError(
+            f"{where}: host: must be an IP or an ssh-config alias without spaces, got {show(name)}"
+        )
+    port = raw.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+        raise SpecError(f"{where}: port: must be a TCP port number (1-65535), got {show(port)}")
+    entry = {"ip": name, **{k: raw[k] for k in ("user", "identity_file", "host_key") if k in raw}}
+    host = _parse_host(-1, entry, defaults, where, config, default_port)
+    return dataclasses.replace(host, port=port) if port is not None else host
+
+
+def state_host(pool: Pool) -> PoolHost:
+    """The pool's state host; a pool that names none is refused (its records must not sit on a job host)."""
+    if pool.state is not None:
+        return pool.state
+    raise SpecError(
+        f"{pool.source}: pool {pool.name!r}: {pool.state_field}: required. The pool's job records (which host "
+        "holds which rank, the job state) live on a host/user that runs no jobs: a job on a pool host can "
+        f"rewrite anything in that user's home. Add `{pool.state_field}: {{host: <IP or alias>, user: <an "
+        "account the jobs do not run as>}` (docs/infra-ssh.md, 'Where the state lives'); records an older "
+        f"airflow-sky kept on {pool.hosts[0].label} are not read"
+    )
 
 
 def _string_field(raw: Mapping[str, Any], key: str, where: str) -> str | None:
@@ -212,6 +287,15 @@ def _parse_host(
     key_path = Path(identity).expanduser()
     if not key_path.is_file():
         raise SpecError(f"{where}: {field}: {identity!r} does not exist (expanded: {key_path})")
+    host_key = fields.get("host_key")
+    if host_key is not None:
+        parts = host_key.split()
+        if len(parts) < 2 or parts[0] not in HOST_KEY_TYPES:
+            raise SpecError(
+                f"{where}: host_key: must be `<type> <base64>` as in known_hosts ({', '.join(HOST_KEY_TYPES)}), "
+                f"got {show(host_key[:60])}; `ssh-keyscan HOST` prints it (check its fingerprint)"
+            )
+        host_key = f"{parts[0]} {parts[1]}"
     return PoolHost(
         index=index,
         name=name,
@@ -220,6 +304,7 @@ def _parse_host(
         user=str(user),
         identity_file=str(key_path),
         password=fields.get("password") or defaults.get("password"),
+        host_key=host_key,
     )
 
 

@@ -1,8 +1,10 @@
 """The ssh infra's StateStore: JSON records on the pool's state host, written by compare-and-swap.
 
 An ssh pool has no object store, and the records must not live on an Airflow worker (with Celery or
-Kubernetes executors a job's tasks run on different machines). So they live on one host of the pool, the
-first one it lists (its *state host*), under `~/.airflow_sky/state/<pool>/<cluster>/`. Reads go over SFTP
+Kubernetes executors a job's tasks run on different machines). Nor on a host that runs jobs: a job there
+runs as the login user and could rewrite them (point another cluster's rank at its own host, free a host it
+still runs on). So they live on the pool's *state host*, a host/user the pool definition names (`state:`)
+and no job runs as, under `~/.airflow_sky/state/<pool>/<cluster>/`. Reads go over SFTP
 (no process spawned on the host); a write runs a short python3 script there that takes an flock, compares
 the version and replaces the file atomically, so two writers that race never both win. The script stamps
 each record with the state host's clock (`at`): one clock for every writer, whatever the workers' clocks say.
@@ -21,6 +23,7 @@ from airflow_sky.infra.state_store import StateStore, Versioned, validate_key
 from airflow_sky.node.client import NodeClient
 
 STATE_ROOT = ".airflow_sky/state"
+HOST_LOCKS_ROOT = ".airflow_sky/host-locks"  # every pool's host locks on the state host (host_locks.py)
 
 # argv: record path, expected version ("-" = only if absent); stdin: the data. Prints the new version and
 # the host's time of the write, or "conflict". The lock file sits beside the records; rename makes the new record appear at once.
@@ -52,11 +55,21 @@ with open(os.path.join(root, ".lock"), "a") as lock:
 
 
 class SshStateStore(StateStore):
-    """One cluster's records on the pool's state host; `client` opens (or reuses) the connection to it."""
+    """One cluster's records on the pool's state host; `client` opens (or reuses) the connection to it.
 
-    def __init__(self, client: Callable[[], NodeClient], pool: str, cluster: str, host_label: str) -> None:
+    `root` (relative to the state user's home) replaces the cluster's directory: the host locks' store.
+    """
+
+    def __init__(
+        self,
+        client: Callable[[], NodeClient],
+        pool: str,
+        cluster: str,
+        host_label: str,
+        root: str | None = None,
+    ) -> None:
         self._client = client
-        self.root = f"{STATE_ROOT}/{pool}/{cluster}"
+        self.root = root or f"{STATE_ROOT}/{pool}/{cluster}"
         self.host_label = host_label
 
     def _path(self, key: str) -> str:
@@ -64,8 +77,8 @@ class SshStateStore(StateStore):
 
     def _unreachable(self, e: RemoteError) -> ClusterError:
         return ClusterError(
-            f"the ssh pool's state host {self.host_label} (the first host of the pool, which keeps its "
-            f"clusters' job records) cannot be used: {unusable_reason(e)}"
+            f"the ssh pool's state host {self.host_label} (the pool's `state`, which keeps its clusters' "
+            f"job records) cannot be used: {unusable_reason(e)}"
         )
 
     def get(self, key: str) -> Versioned | None:
