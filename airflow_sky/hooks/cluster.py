@@ -192,7 +192,7 @@ class SkyClusterHook(BaseHook):
             return None
         created = buckets.prepare_buckets(mounts, log, aws_conn_id, gcp_conn_id)
         identity = self.cluster.node_bucket_identity()
-        return buckets.bucket_record(mounts, aws_conn_id, gcp_conn_id, identity, created)
+        return buckets.bucket_record(mounts, aws_conn_id, gcp_conn_id, identity, created, self.infra)
 
     def record_job_buckets(self, handle: JobHandle, record: dict[str, Any]) -> None:
         record_buckets(self.cluster, handle, record)

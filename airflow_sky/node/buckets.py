@@ -3,18 +3,18 @@ through the Airflow worker.
 
 The worker only does what needs the bucket's owner: it creates named buckets that are absent, uploads a
 local `source` into a bucket it creates, deletes a non-persistent bucket it created (`prepare_buckets`,
-`delete_buckets`), and turns the Airflow connection into the remotes a node's rclone uses
-(`bucket_remotes`). Those remotes carry credentials only where the node has no identity of its own (an
-instance profile on aws, a service account on gcp): then they travel in the SSH channel's stdin into a
-0600 file on the node, which teardown removes (`detach_buckets`).
+`delete_buckets`), and builds the remotes a node's rclone uses (`bucket_remotes`). Those remotes never
+carry a connection's own keys: where the node has no identity of its own (an instance profile on aws, a
+service account on gcp) they carry a credential minted for the job and scoped to its buckets and folders
+(node.credentials); it travels in the SSH channel's stdin into a 0600 file on the node, which teardown
+removes (`detach_buckets`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import datetime
 import io
-import json
 import os
 import shlex
 import tarfile
@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from airflow_sky.errors import RemoteError, SkyError
-from airflow_sky.node import rclone
+from airflow_sky.node import credential_scope, credentials, rclone
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.storage import storage_path
 from airflow_sky.task.storage import BucketMount
@@ -41,6 +41,7 @@ class BucketPlan:
     mounts: tuple[BucketMount, ...]
     remotes: Mapping[str, Mapping[str, str]]
     plain_http: bool = False  # an endpoint without TLS (an emulator, a private S3-compatible store)
+    expires: datetime.datetime | None = None  # when the first of its credentials expires (None: never)
 
     def __repr__(self) -> str:  # the remotes hold secrets: a repr in a traceback must not show them
         return f"BucketPlan(mounts={[m.uri for m in self.mounts]}, remotes=<redacted>)"
@@ -51,34 +52,41 @@ def bucket_remotes(
     aws_conn_id: str | None = None,
     gcp_conn_id: str | None = None,
     node_identity: Collection[str] = (),
+    node_conns: Mapping[str, str] | None = None,
 ) -> BucketPlan:
-    """The rclone remotes the mounts' stores need, from the Airflow connections (or the node's identity).
+    """The rclone remotes the mounts' stores need, each with a credential scoped to the mounts' buckets and
+    folders (node.credentials), or the node's own identity.
 
     node_identity: the stores the nodes reach with credentials of their own (the infra attached an
     instance profile or a service account): their remotes use that (`env_auth`) and carry no secret.
+    node_conns: store -> the connection node credentials are minted from (credentials.node_connections);
+    without it, the node-data connections of local nodes.
     """
+    conns = {**credentials.node_connections(None, aws_conn_id, gcp_conn_id), **(node_conns or {})}
+    scopes = credential_scope.job_scopes(mounts)
     remotes: dict[str, dict[str, str]] = {}
+    expiries = []
     plain_http = False
     for store in sorted({m.store for m in mounts}):
         if store == "s3":
-            options = _s3_remote(aws_conn_id or "aws_default", "s3" in node_identity)
+            own = "s3" in node_identity
+            options, expires = _s3_remote(
+                (aws_conn_id or credentials.BUCKET_CONNS["s3"]) if own else conns["s3"], own, scopes
+            )
         else:
-            options = _gcs_remote(gcp_conn_id or "google_cloud_default", "gcs" in node_identity)
+            options, expires = _gcs_remote(conns["gcs"], "gcs" in node_identity, scopes)
         plain_http |= options.get("endpoint", "").startswith("http://")
         remotes[rclone.remote_name(store)] = options
-    return BucketPlan(tuple(mounts), remotes, plain_http)
+        expiries += [expires] if expires else []
+    return BucketPlan(tuple(mounts), remotes, plain_http, min(expiries, default=None))
 
 
-def _provider_hook(module: str, name: str, store: str, extra: str) -> Any:
-    """A provider's hook class, or a SkyError with the install hint (providers are optional extras)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as e:
-        raise SkyError(f"{store} file_mounts need {name}: pip install 'airflow-sky[{extra}]' ({e})") from e
-
-
-def _s3_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
-    aws_hook = _provider_hook("airflow.providers.amazon.aws.hooks.base_aws", "AwsBaseHook", "s3", "aws")
+def _s3_remote(
+    conn_id: str, node_identity: bool, scopes: Sequence[credential_scope.Scope]
+) -> tuple[dict[str, str], datetime.datetime | None]:
+    aws_hook = credentials.provider_class(
+        "airflow.providers.amazon.aws.hooks.base_aws", "AwsBaseHook", "s3", "aws"
+    )
     hook = aws_hook(aws_conn_id=conn_id, client_type="s3")
     config = hook.conn_config
     endpoint = config.get_service_endpoint_url("s3") if hasattr(config, "get_service_endpoint_url") else None
@@ -92,24 +100,22 @@ def _s3_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
         options["force_path_style"] = "true"
     if node_identity:
         options["env_auth"] = "true"
-        return options
-    # The connection's credentials as the provider resolves them: keys, a role it assumes (short-lived,
-    # with a session token), or the worker's own chain.
-    credentials = hook.get_credentials()
-    options.update(access_key_id=credentials.access_key, secret_access_key=credentials.secret_key)
-    if credentials.token:
-        options["session_token"] = credentials.token
-    return options
+        return options, None
+    credential = credentials.mint_s3(hook, scopes, "node")
+    options.update(credential.options)
+    return options, credential.expires
 
 
-def _gcs_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
-    google_hook = _provider_hook(
+def _gcs_remote(
+    conn_id: str, node_identity: bool, scopes: Sequence[credential_scope.Scope]
+) -> tuple[dict[str, str], datetime.datetime | None]:
+    google_hook = credentials.provider_class(
         "airflow.providers.google.common.hooks.base_google", "GoogleBaseHook", "gcs", "gcp"
     )
     options = {"type": "google cloud storage", "bucket_policy_only": "true"}
     if node_identity:
         options["env_auth"] = "true"
-        return options
+        return options, None
     hook = google_hook(gcp_conn_id=conn_id)
     # An emulator, as google-cloud-storage finds one (STORAGE_EMULATOR_HOST on the worker).
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
@@ -117,25 +123,11 @@ def _gcs_remote(conn_id: str, node_identity: bool) -> dict[str, str]:
         options["endpoint"] = emulator
     if hook._get_field("is_anonymous"):
         options["anonymous"] = "true"
-        return options
-    keyfile = hook._get_field("keyfile_dict") or None
-    key_path = hook._get_field("key_path") or None
-    if keyfile:
-        options["service_account_credentials"] = json.dumps(
-            json.loads(keyfile) if isinstance(keyfile, str) else keyfile
-        )
-    elif key_path:
-        with open(key_path) as f:
-            options["service_account_credentials"] = json.dumps(json.load(f))
-    else:
-        # No key in the connection (application default credentials): a short-lived access token.
-        credentials, _ = hook.get_credentials_and_project_id()
-        from google.auth.transport.requests import Request
-
-        credentials.refresh(Request())
-        expiry = credentials.expiry.isoformat() + "Z" if credentials.expiry else ""
-        options["token"] = json.dumps({"access_token": credentials.token, "expiry": expiry})
-    return options
+        return options, None
+    # Never the connection's key file: a downscoped token of it (about an hour).
+    credential = credentials.mint_gcs(hook, scopes)
+    options.update(credential.options)
+    return options, credential.expires
 
 
 def _config_tar(plan: BucketPlan) -> bytes:
@@ -287,13 +279,23 @@ def bucket_record(
     gcp_conn_id: str | None,
     node_identity: Collection[str],
     created: Sequence[str] = (),
+    infra: str | None = None,
 ) -> dict[str, Any]:
-    """What the job state keeps of a task's buckets (no credential: they are derived again when needed)."""
+    """What the job state keeps of a task's buckets (no credential: they are minted again when needed),
+    with the connections node credentials come from on `infra`; raises SkyError naming the setting when
+    one of those connections is missing."""
+    conns = credentials.node_connections(infra, aws_conn_id, gcp_conn_id)
+    used: dict[str, str] = {}
+    for mount in mounts:
+        if mount.store not in node_identity and mount.store not in used:
+            credentials.check_node_connection(mount.store, conns[mount.store], infra, mount.uri)
+            used[mount.store] = conns[mount.store]
     return {
         "mounts": [m.to_dict() for m in mounts],
         "aws_conn_id": aws_conn_id,
         "gcp_conn_id": gcp_conn_id,
         "node_identity": sorted(node_identity),
+        "node_conns": used,
         "created": list(created),
     }
 
@@ -304,5 +306,9 @@ def plan_from_record(record: Mapping[str, Any] | None) -> BucketPlan | None:
         return None
     mounts = [BucketMount.from_dict(m) for m in record["mounts"]]
     return bucket_remotes(
-        mounts, record.get("aws_conn_id"), record.get("gcp_conn_id"), record.get("node_identity") or ()
+        mounts,
+        record.get("aws_conn_id"),
+        record.get("gcp_conn_id"),
+        record.get("node_identity") or (),
+        record.get("node_conns") or None,
     )

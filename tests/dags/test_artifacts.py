@@ -148,7 +148,9 @@ task = Task(
 with DAG("mounted", schedule=None) as dag:
     sky_job(task, cluster_name="mounted-c")
 """
-    result = run_dag("mounted", source, env={"AIRFLOW_CONN_AWS_DEFAULT": connection})
+    # Local nodes get their bucket credentials from a node-data connection of their own (node.credentials).
+    env = {"AIRFLOW_CONN_AWS_DEFAULT": connection, "AIRFLOW_CONN_SKY_NODES_AWS": connection}
+    result = run_dag("mounted", source, env=env)
     assert result.returncode == 0, result.digest
     for rank in (0, 1):
         assert (tmp_path / f"setup-{rank}").read_text() == "training data\nlabels\ntraining data\n"

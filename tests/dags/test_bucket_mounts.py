@@ -53,7 +53,8 @@ def s3() -> Iterator[S3Server]:
 
 
 def _env(s3: S3Server, **extra: str) -> dict[str, str]:
-    return {"AIRFLOW_CONN_AWS_DEFAULT": s3.connection, **extra}
+    # Local nodes get their bucket credentials from a node-data connection of their own (node.credentials).
+    return {"AIRFLOW_CONN_AWS_DEFAULT": s3.connection, "AIRFLOW_CONN_SKY_NODES_AWS": s3.connection, **extra}
 
 
 def _dag(dag_id: str, cluster: str, task: str, **job: object) -> str:

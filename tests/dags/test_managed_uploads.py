@@ -74,6 +74,7 @@ def _run(
     env = {
         **airflow_home,
         "AIRFLOW_CONN_AWS_DEFAULT": s3.connection,
+        "AIRFLOW_CONN_SKY_NODES_AWS": s3.connection,  # local nodes' bucket credentials (node.credentials)
         "AIRFLOW__SKY__JOBS_BUCKET": JOBS_BUCKET,
         "AIRFLOW__SKY__MANAGED_INFRAS": "local",  # the deployment opts in to running confs on local nodes
     }

@@ -387,6 +387,7 @@ def main(config_path: str, report_path: str) -> int:
             # unpaused by itself.
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW_CONN_AWS_DEFAULT": s3.connection,
+            "AIRFLOW_CONN_SKY_NODES_AWS": s3.connection,  # local nodes' bucket credentials (node.credentials)
             "AIRFLOW__SKY__JOBS_BUCKET": f"s3://{JOBS_BUCKET}/{JOBS_PREFIX}",
             # These jobs run on local nodes: the deployment opts in (the default refuses local in a conf).
             "AIRFLOW__SKY__MANAGED_INFRAS": "local",
