@@ -1,4 +1,8 @@
-"""What `airflow-sky launch` prints while a job runs, and the summary at its end (rich)."""
+"""What `airflow-sky launch` prints while a job runs, and the summary at its end (rich).
+
+Text from nodes, errors, job records and users (a log line, a failure's message, a relaunch reason, a
+cluster name) is printed as rich Text, never parsed as markup: `[/]` or `[bold` in it is shown as written.
+"""
 
 from __future__ import annotations
 
@@ -66,15 +70,19 @@ class ProgressPrinter:
             self._nodes = len(nodes)
             ips = ", ".join(n["internal_ip"] for n in nodes)
             self.console.print(
-                f"[bold]Job {event.data['job_id']}[/] on cluster [bold]{event.data['cluster_name']}[/] "
-                f"({event.data['infra']}): {len(nodes)} nodes ({ips})",
+                Text.assemble(
+                    (f"Job {event.data['job_id']}", "bold"),
+                    " on cluster ",
+                    (str(event.data["cluster_name"]), "bold"),
+                    f" ({event.data['infra']}): {len(nodes)} nodes ({ips})",
+                ),
                 highlight=False,
             )
         elif event.kind == "task_started" and event.step not in self._seen_steps:
             self._seen_steps.add(event.step)
             if event.step in self._headers:
                 title = self._titles.get(event.step, event.step)
-                self.console.print(f"[bold blue]⚙ {title}[/]")
+                self.console.print(Text(f"⚙ {title}", style="bold blue"))
         elif event.kind == "task_done":
             self._done[event.step] = self._done.get(event.step, 0) + 1
         elif event.kind == "log":
@@ -84,17 +92,15 @@ class ProgressPrinter:
             line.append(" " + rest)
             self.console.print(line, highlight=False, soft_wrap=True)
         elif event.kind == "queued":
-            self.console.print(f"[bold yellow]⏳ {event.text}[/]", highlight=False)
+            self.console.print(Text(f"⏳ {event.text}", style="bold yellow"), highlight=False)
         elif event.kind == "relaunch":
-            self.console.print(f"[bold yellow]⟳ {event.text}[/]", highlight=False)
+            self.console.print(Text(f"⟳ {event.text}", style="bold yellow"), highlight=False)
         elif event.kind == "task_failed" and not event.step.endswith("_follow"):
-            self.console.print(
-                f"[red]✗ {event.step} failed: {event.text.splitlines()[0] if event.text else ''}[/]"
-            )
+            first = event.text.splitlines()[0] if event.text else ""
+            self.console.print(Text(f"✗ {event.step} failed: {first}", style="red"))
         elif event.kind == "exit" and event.exit_code not in (0, None):
-            self.console.print(
-                f"[red]✗ {event.text.splitlines()[0] if event.text else event.exit_code}[/]", highlight=False
-            )
+            first = event.text.splitlines()[0] if event.text else str(event.exit_code)
+            self.console.print(Text(f"✗ {first}", style="red"), highlight=False)
         self._update_status(event)
 
     def _update_status(self, event: Event) -> None:
@@ -103,7 +109,7 @@ class ProgressPrinter:
         title = self._titles.get(event.step, event.step)
         done = self._done.get(event.step, 0)
         suffix = f" ({done}/{self._nodes} nodes done)" if self._nodes and event.rank is not None else ""
-        self._status.update(f"{title}{suffix}")
+        self._status.update(Text(f"{title}{suffix}"))
 
 
 def print_summary(
@@ -115,23 +121,25 @@ def print_summary(
     table.add_column("duration", justify="right")
     for step, (start, end) in outcome.step_times.items():
         duration = f"{end - start:.1f}s" if end is not None else "failed"
-        table.add_row(step, duration)
+        table.add_row(Text(step), duration)
     table.add_row("total", f"{time.time() - started_at:.1f}s")
     console.print(table)
     for phase in ("setup", "run"):
         # Wrapped here: the launch's console soft-wraps (a node's log line is never cut).
         for line in exit_code_lines(phase, outcome.exit_codes.get(phase) or {}, console.width):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, markup=False)
     job = f"Job {outcome.job_id}" if outcome.job_id is not None else "Job"
     status = status or job_status_of(outcome)
     if outcome.succeeded:
-        console.print(f"[bold green]✓ {job} on {outcome.cluster_name} {status}[/]")
+        console.print(Text(f"✓ {job} on {outcome.cluster_name} {status}", style="bold green"))
     else:
         # The culprit's own message ("rank 1 failed with exit code 4; ...") before its siblings' "killed: ...".
         failures = sorted(outcome.failures, key=lambda f: f.startswith("killed:"))
         reason = failures[0].splitlines()[0] if failures else f"DAG run {outcome.state}"
-        console.print(f"[bold red]✗ {job} on {outcome.cluster_name} {status}: {reason}[/]", highlight=False)
-    console.print(f"Airflow log of this launch: {outcome.log_file}", highlight=False, style="dim")
+        console.print(
+            Text(f"✗ {job} on {outcome.cluster_name} {status}: {reason}", style="bold red"), highlight=False
+        )
+    console.print(Text(f"Airflow log of this launch: {outcome.log_file}", style="dim"), highlight=False)
 
 
 def job_status_of(outcome: JobOutcome) -> str:

@@ -127,7 +127,8 @@ def ranks_table(doc: Mapping[str, Any], now: float) -> Table:
     metrics = metrics[:METRIC_COLUMNS]
     table = Table()
     for column in ("RANK", "STEP", "RATE", *(m.upper() for m in metrics), "UPDATED", "STALE"):
-        table.add_column(column, no_wrap=True, overflow="fold")
+        # A metric's name is the job's text: a header string would be parsed as rich markup.
+        table.add_column(Text(column), no_wrap=True, overflow="fold")
     for row in rows:
         values = row.get("metrics") or {}
         updated = row.get("updated_at")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from airflow_sky.infra.ssh.cloud import SshCloud
@@ -57,7 +58,9 @@ def _check(cloud: SshCloud) -> int:
         facts = status.facts
         if facts is None:
             healthy = False
-            table.add_row(str(host.index), host.name, f"[red]✗ {_short(status.error)}[/red]", *["-"] * 5)
+            table.add_row(
+                str(host.index), host.name, Text(f"✗ {_short(status.error)}", style="red"), *["-"] * 5
+            )
             continue
         ok_tools = facts.bash != "-" and facts.python != "-"
         healthy = healthy and ok_tools
@@ -65,11 +68,12 @@ def _check(cloud: SshCloud) -> int:
             str(host.index),
             host.name,  # as the pool lists it (an IP or an alias); the user is the pool's
             "[green]✓[/green]",
-            facts.bash.split("(")[0] if facts.bash != "-" else "[red]missing[/red]",
+            # What the host answered is text, never markup (a lock's holder is written on the host).
+            Text(facts.bash.split("(")[0]) if facts.bash != "-" else "[red]missing[/red]",
             "✓" if facts.rsync else "[yellow]no: SFTP[/yellow]",
-            facts.python if facts.python != "-" else "[red]missing[/red]",
-            facts.gpus.describe().replace("NVIDIA ", "") if facts.gpus.count else "-",
-            _holder(status.lock),
+            Text(facts.python) if facts.python != "-" else "[red]missing[/red]",
+            Text(facts.gpus.describe().replace("NVIDIA ", "")) if facts.gpus.count else "-",
+            Text(_holder(status.lock)),
         )
     console.print(table)
     if not healthy:
