@@ -1,13 +1,24 @@
 """The commit a git workdir pins: its ref resolved once by `git ls-remote` on the machine that launches (the
 Airflow worker), so every node, and a recovery's replacement, checks out the same commit while the branch
 moves; and checkout_task_workdir, a task's workdir checked out at that commit (the checkout on the nodes
-is node.git_workdir)."""
+is node.git_workdir).
+
+The URL may come from a run's conf (a user who may only trigger the DAG), so `git ls-remote` runs here
+with nothing of the worker's own: no system or global git config (no `url.insteadOf`, no credential
+helper, no transport a config allows beyond git's defaults), an empty home (no ~/.netrc or
+~/.git-credentials), no prompt; for an ssh URL no ssh config, agent, default key or known_hosts of
+the worker (a fresh empty one: the host key is taken on first contact, as a fresh node does). Only what
+the task names reaches the repository: GIT_TOKEN, or GIT_SSH_KEY_PATH, which the DAG author (trusted)
+names and a managed run's conf may not (task.conf_policy); with it, that key alone.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
+import tempfile
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -23,7 +34,6 @@ from airflow_sky.node.git_workdir import (
     checkout,
     credential_args,
     last_line,
-    ssh_command,
     url_kind,
 )
 from airflow_sky.task import GitWorkdir, Task
@@ -71,21 +81,19 @@ def resolve_commit(git: GitWorkdir, secrets: Mapping[str, str]) -> str:
     """
     url = check_url(git.url)
     auth = auth_for(git, secrets)
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    if auth.token is not None:
-        env |= {TOKEN_VAR: auth.token, USER_VAR: auth.user}
-    if url_kind(url) == "ssh":
-        env["GIT_SSH_COMMAND"] = ssh_command(_readable_key(auth.ssh_key_path))
+    key = _readable_key(auth.ssh_key_path) if url_kind(url) == "ssh" else None
     redact = redactor(auth.secrets)
     try:
-        proc = subprocess.run(
-            ["git", *credential_args(auth.token is not None), "ls-remote", "--", url],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=LS_REMOTE_TIMEOUT_S,
-            check=False,
-        )
+        with tempfile.TemporaryDirectory(prefix="airflow-sky-git-") as home:
+            proc = subprocess.run(
+                ["git", *credential_args(auth.token is not None), "ls-remote", "--", url],
+                env=isolated_env(home, url, key, auth.token, auth.user),
+                cwd=home,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=LS_REMOTE_TIMEOUT_S,
+                check=False,
+            )
     except FileNotFoundError as e:
         raise SkyError(
             "workdir: git is not installed on this machine, which resolves the workdir's ref to a commit "
@@ -106,12 +114,61 @@ def resolve_commit(git: GitWorkdir, secrets: Mapping[str, str]) -> str:
     return commit
 
 
+def isolated_env(home: str, url: str, key_file: str | None, token: str | None, user: str) -> dict[str, str]:
+    """The environment of the worker's `git ls-remote`: this process's, without a git or ssh variable of its
+    own (GIT_CONFIG_*, GIT_SSH_COMMAND, SSH_AUTH_SOCK, ...), with `home` (an empty temp directory) as HOME
+    and XDG_CONFIG_HOME, no system or global git config (so git's own transport rules: ext:: never), no prompt."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("GIT_", "SSH_")) and name not in ("HOME", "XDG_CONFIG_HOME")
+    }
+    env |= {
+        "HOME": home,
+        "XDG_CONFIG_HOME": home,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "true",  # answers nothing: git asks no one for a password
+        "SSH_ASKPASS": "true",
+    }
+    if token is not None:
+        env |= {TOKEN_VAR: token, USER_VAR: user}
+    if url_kind(url) == "ssh":
+        env["GIT_SSH_COMMAND"] = isolated_ssh_command(os.path.join(home, "known_hosts"), key_file)
+    return env
+
+
+def isolated_ssh_command(known_hosts: str, key_file: str | None) -> str:
+    """GIT_SSH_COMMAND for the worker: no ssh config file, agent, default key, GSSAPI ticket or shared
+    connection of the worker's; `known_hosts` (a fresh file) takes the host key on first contact; with
+    `key_file`, that key alone."""
+    words = ["ssh", "-F", os.devnull, *_ssh_options(known_hosts)]
+    words += ["-i", key_file] if key_file is not None else ["-o", "IdentityFile=none"]
+    return shlex.join(words)
+
+
+def _ssh_options(known_hosts: str) -> list[str]:
+    options = {
+        "BatchMode": "yes",
+        "StrictHostKeyChecking": "accept-new",
+        "UserKnownHostsFile": known_hosts,
+        "IdentitiesOnly": "yes",
+        "IdentityAgent": "none",
+        "GSSAPIAuthentication": "no",
+        "HostbasedAuthentication": "no",
+        "ControlMaster": "no",
+        "ControlPath": "none",
+    }
+    return [word for name, value in options.items() for word in ("-o", f"{name}={value}")]
+
+
 def _readable_key(path: str | None) -> str | None:
     if path is not None and not os.path.isfile(path):
         raise SpecError(
             f"{GIT_SSH_KEY_PATH}: no key file {path} on this machine (the one that runs the job's Airflow "
-            "tasks); give the path of a private key there, or leave it unset to use the ssh config and "
-            "default keys"
+            "tasks); give the path of a private key there, or leave it unset for a public repository (this "
+            "machine's own ssh config, agent and keys are never used for a workdir's URL)"
         )
     return path
 
