@@ -20,12 +20,13 @@ from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
-from airflow_sky.node import jobs
+from airflow_sky.node import jobs, rclone
 from airflow_sky.node.client import FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.git_commit import resolve_commit
 from airflow_sky.task import GitWorkdir, Task, envs
 from airflow_sky.task.diagnostics import did_you_mean
 from airflow_sky.task.redaction import redact_json
+from airflow_sky.task.storage import BucketMount, has_bucket_mounts
 
 # The largest return.json read into XCom: XComs are rows of the Airflow DB, not a file store.
 MAX_RESULT_BYTES = 1024 * 1024
@@ -270,6 +271,8 @@ def start_script(
     """Start the phase's script of `handle`'s generation on `client`'s node (idempotent per generation): the
     one start of a rank, for the start tasks and for a relaunch's new generation and replacement setup."""
     rank = client.node.rank
+    # The verdict waits for the uploads of the mounts the sync attached for this job (its bucket record).
+    record = (bucket_record(cluster, handle) or {}) if has_bucket_mounts(task) else {}
     return jobs.start_job(
         client,
         handle.remote_job_id(phase),
@@ -277,6 +280,7 @@ def start_script(
         phase_env(cluster, task, handle, phase, rank),
         handle.generation,
         autostop=cluster.autostop_for(task.resources),
+        flush=rclone.flushed_mounts([BucketMount.from_dict(m) for m in record.get("mounts") or []]),
     )
 
 

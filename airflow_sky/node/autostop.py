@@ -14,15 +14,22 @@ even with `-i 0`.
 
 `wait_for` as in SkyPilot: `jobs_and_ssh` (jobs and Airflow's commands keep the node up), `jobs` (only jobs
 do), `none` (the limit counts from the arming, whatever runs).
+
+Trust line: jobs can write ~/.airflow_sky/autostop. The watcher's code and its stop action live in its own
+command line (`bash -c`), never in a file it runs; it is found by the mark in its environment
+(AUTOSTOP_MARK_ENV=<hash of its code>), never by a pid file; a job is running while a process with that
+generation's job mark lives. The settings files are data: numbers read bounded, words from a fixed set.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import shlex
 
 from airflow_sky.node.paths import JOBS_DIR
+from airflow_sky.node.processes import JOB_MARK_ENV
 from airflow_sky.node.shell_reads import READ_SMALL
 
 AUTOSTOP_DIR = ".airflow_sky/autostop"
@@ -52,26 +59,32 @@ def limit_s(idle_s: int, check_s: float) -> int:
     return max(int(idle_s), floor_s(check_s))
 
 
-def watch_script() -> str:
-    """The watcher loop (watch.sh); it reads its settings anew each round, so re-arming needs no restart."""
+AUTOSTOP_MARK_ENV = "AIRFLOW_SKY_AUTOSTOP"
+
+
+def watch_script(action: str) -> str:
+    """The watcher loop, `action` inline; it reads its settings anew each round, so re-arming with the same
+    action needs no restart."""
     return f"""\
 {READ_SMALL}
 dir="$HOME/{AUTOSTOP_DIR}"
 activity="$HOME/{ACTIVITY_PATH}"
-echo $$ > "$dir/watcher.pid"
 while :; do
-  sleep "$(small "$dir/check_s" || echo 60)"
-  [ -s "$dir/idle_s" ] || {{ rm -f "$dir/watcher.pid"; exit 0; }}  # disarmed
+  check_s=$(small "$dir/check_s" || echo 60); case "$check_s" in ''|*[!0-9.]*) check_s=60;; esac
+  sleep "$check_s"
+  [ -s "$dir/idle_s" ] || exit 0  # disarmed
   idle_s=$(small "$dir/idle_s" || echo 0); floor=$(small "$dir/floor_s" || echo 120)
+  case "$idle_s" in ''|*[!0-9]*) idle_s=0;; esac
+  case "$floor" in ''|*[!0-9]*) floor=120;; esac
   [ "$idle_s" -ge "$floor" ] || idle_s=$floor
   wait_for=$(small "$dir/wait_for" || echo jobs_and_ssh)
+  case "$wait_for" in jobs|none) ;; *) wait_for=jobs_and_ssh;; esac
   busy=0
   if [ "$wait_for" != none ]; then
-    for p in "$HOME"/{JOBS_DIR}/*/gen-*/pid; do
-      [ -e "$p" ] && [ ! -e "${{p%/pid}}/exit_code" ] || continue
-      pid=$(small "$p" || true)
-      case "$pid" in ''|*[!0-9]*|0|1) continue;; esac
-      if kill -0 -- "-$pid" 2>/dev/null; then busy=1; break; fi
+    # A job generation without an exit code whose marked processes live (a pid file proves nothing).
+    for mark in $(grep -hzo -- '^{JOB_MARK_ENV}=[A-Za-z0-9._-]*/gen-[0-9]*' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sort -u); do
+      g="$HOME/{JOBS_DIR}/${{mark#*=}}"
+      if [ ! -e "$g/exit_code" ]; then busy=1; break; fi
     done
   fi
   if [ $busy = 1 ]; then touch "$dir/since"; [ "$wait_for" = jobs ] || touch "$activity"; continue; fi
@@ -82,32 +95,40 @@ while :; do
   now=$(date +%s)
   if [ $((now - last)) -ge "$idle_s" ]; then
     echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) idle for $((now - last)) s (limit $idle_s s): stopping" >> "$dir/log"
-    rm -f "$dir/watcher.pid"
-    exec bash "$dir/action" >> "$dir/log" 2>&1
+    exec bash -c {shlex.quote(action)} >> "$dir/log" 2>&1
   fi
 done
 """
 
 
+def _mark(action: str) -> str:
+    return f"{AUTOSTOP_MARK_ENV}=" + hashlib.sha256(watch_script(action).encode()).hexdigest()[:16]
+
+
+# The pids of this user's watchers (any version), and whether one with exactly the mark $1 runs.
+_WATCHERS = f"""\
+watchers() {{ grep -lz -- '^{AUTOSTOP_MARK_ENV}=' /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}
+watching() {{ grep -lzxF -- "$1" /proc/[0-9]*/environ 2>/dev/null | grep -q .; }}"""
+
+
 def arm_command(autostop: NodeAutostop) -> str:
-    """Write the settings and start the watcher unless one runs; idempotent. Prints nothing."""
+    """Write the settings and start the watcher unless one with this action runs; idempotent. Prints nothing."""
+    mark = _mark(autostop.action)
     return f"""\
 dir="$HOME/{AUTOSTOP_DIR}"
 mkdir -p "$dir" && chmod 700 "$dir"
-printf '%s\\n' {shlex.quote(autostop.action)} > "$dir/action.tmp" && mv "$dir/action.tmp" "$dir/action"
+rm -f "$dir/action" "$dir/watch.sh" "$dir/watcher.pid"  # what older versions ran: never run again
 echo {int(autostop.idle_s)} > "$dir/idle_s"
 echo {shlex.quote(autostop.wait_for)} > "$dir/wait_for"
 echo {float(autostop.check_s):g} > "$dir/check_s"
 echo {floor_s(autostop.check_s)} > "$dir/floor_s"
 touch "$dir/since" "$HOME/{ACTIVITY_PATH}"
-cat > "$dir/watch.sh" <<'AIRFLOW_SKY_WATCH'
-{watch_script()}AIRFLOW_SKY_WATCH
-{READ_SMALL}
-pid=$(small "$dir/watcher.pid" || true)
-case "$pid" in ''|*[!0-9]*) running=0;; *) kill -0 "$pid" 2>/dev/null && running=1 || running=0;; esac
-if [ $running = 0 ]; then
-  setsid nohup bash "$dir/watch.sh" < /dev/null > /dev/null 2>&1 &
-  i=0; while [ ! -s "$dir/watcher.pid" ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done
+{_WATCHERS}
+if ! watching {shlex.quote(mark)}; then
+  old=$(watchers); [ -z "$old" ] || kill $old 2>/dev/null || true
+  export {shlex.quote(mark)}
+  setsid nohup bash -c {shlex.quote(watch_script(autostop.action))} < /dev/null > /dev/null 2>&1 &
+  i=0; while ! watching {shlex.quote(mark)} && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); done
 fi
 """
 
@@ -121,8 +142,8 @@ def status_command() -> str:
     """`<idle_s|-> <watcher alive 0|1>`: what the node is armed with."""
     return f"""\
 {READ_SMALL}
+{_WATCHERS}
 dir="$HOME/{AUTOSTOP_DIR}"
-pid=$(small "$dir/watcher.pid" || true)
-alive=0; case "$pid" in ''|*[!0-9]*) ;; *) kill -0 "$pid" 2>/dev/null && alive=1;; esac
+alive=0; [ -z "$(watchers)" ] || alive=1
 echo "$(small "$dir/idle_s" || echo -) $alive"
 """

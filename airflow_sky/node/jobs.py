@@ -7,6 +7,10 @@ The job record lives on the node, `~/.airflow_sky/jobs/<job_id>/`:
     gen-<g>/launch.sh     the wrapper; gen-<g>/pid (= pgid), gen-<g>/log, gen-<g>/exit_code
     gen-<g>/lib/          airflow_sky.progress for the job's Python, on its PYTHONPATH (node.python_lib)
     xcom/                 $AIRFLOW_SKY_XCOM_DIR: a job writes return.json here
+
+The job can rewrite all of it. The pid file is shown (log prefixes), never signalled: kills and liveness go
+by the mark every process of the generation carries (node.shell.job_mark), which the worker derives from
+the job id and generation it holds.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import io
 import signal
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from airflow_sky.errors import RemoteError
 from airflow_sky.node import shell
@@ -24,6 +28,7 @@ from airflow_sky.node.autostop import NodeAutostop, arm_command
 from airflow_sky.node.client import MAX_SMALL_FILE_BYTES, FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.node.python_lib import job_python_files
+from airflow_sky.node.rclone import FlushedMount
 from airflow_sky.task import envs
 
 DEFAULT_POLL_BYTES = 1024 * 1024
@@ -67,14 +72,14 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def job_files(script: str, env: Mapping[str, str]) -> bytes:
-    """The tar stream `shell.start_command` unpacks: the script, its env file, the wrapper, the job's Python
-    helpers and a marker."""
+def job_files(script: str, env: Mapping[str, str], flush: Sequence[FlushedMount] = ()) -> bytes:
+    """The tar stream `shell.start_command` unpacks: the script, its env file, the wrapper (waiting for the
+    uploads of the mounts `flush` before the verdict), the job's Python helpers and a marker."""
     return _tar(
         {
             "script.sh": (script.encode(), 0o700),
             "env": (envs.env_file_text(env).encode(), 0o600),
-            "launch.sh": (shell.launch_script().encode(), 0o700),
+            "launch.sh": (shell.launch_script(flush).encode(), 0o700),
             **{path: (data, 0o600) for path, data in job_python_files().items()},
             # Last: tar takes a stream cut at a member's header for the archive's end, so only this
             # marker on the node tells that every file arrived.
@@ -90,13 +95,15 @@ def start_job(
     env: Mapping[str, str],
     generation: int = 0,
     autostop: NodeAutostop | None = None,
+    flush: Sequence[FlushedMount] = (),
 ) -> JobStart:
     """Start `script` detached under bash in ~/sky_workdir with `env`; a second call attaches instead.
 
     With `autostop`, the node's watcher is (re)armed first: every start does it, so a node that replaced a
-    lost one is armed like the rest.
+    lost one is armed like the rest. `flush`: the job's bucket mounts whose uploads its verdict waits for
+    (rclone.flushed_mounts).
     """
-    payload = job_files(script, env)
+    payload = job_files(script, env, flush)
     command = shell.start_command(job_id, generation)
     if autostop is not None:
         command = f"( {arm_command(autostop)} ) >/dev/null 2>&1\n{command}"
@@ -196,7 +203,8 @@ def kill_job(
     grace_s: float = 5.0,
     record_exit_code: int | None = None,
 ) -> int | None:
-    """Stop the job's whole process group; returns the exit code now recorded (None if it never started)."""
+    """Stop every process of the job's generation (by its mark, setsid or not, and the process groups they
+    lead); returns the exit code now recorded (None if it never started)."""
     record = record_exit_code if record_exit_code is not None else 128 + int(sig)
     rc, out, err = client.exec(
         shell.kill_command(job_id, generation, sig, grace_s, record), timeout=grace_s + 60

@@ -4,28 +4,36 @@ rclone does all three modes with one tool and one config for s3 (and S3-compatib
 `rclone copy` for COPY (parallel transfers, listing in one request), `rclone mount` for MOUNT (a VFS cache of
 the files being written, uploaded on close) and MOUNT_CACHED (reads cached too, uploads written back in the
 background). Each mount runs its own remote-control server on the node's loopback; its `vfs/stats` says how
-many uploads are still pending, which is what a job's verdict waits for (`flush_script`).
+many uploads are still pending, which is what a job's verdict waits for (`flush_function`).
 
 The node keeps its mounts under ~/.airflow_sky/mounts:
     rclone.conf           the task's bucket remotes, 0600; removed at teardown (detach_script)
-    m-<key>/              one mount: dest, source, pid, rc (port), log, cache/
-    flush                 waits until every mount's uploads are done (launch.sh runs it after a script)
+    m-<key>/              one mount: dest, source, uri (what it serves, for the log), log, cache/
+
+Trust line: a job runs as the node's user and can rewrite all of that. Nothing here runs a file from
+there, and no pid or port is read from there: each mount's rclone carries MOUNT_MARK_ENV=m-<key> in its
+environment (node.processes), and is found, signalled and asked for its rc port (its own command line) by
+that. The flush runs inline in each job's launch.sh, for that job's own mounts (node.shell.launch_script).
+Mounts are shared by the node's jobs: an attach never unmounts another destination, and replaces a
+destination's mount from another source only while no job runs on the node; teardown detaches all.
 """
 
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import hashlib
 import io
 import shlex
 from collections.abc import Mapping, Sequence
 
 from airflow_sky.node.paths import MOUNTS_DIR
+from airflow_sky.node.processes import JOB_MARK_ENV, MARKED, MOUNT_MARK_ENV
 from airflow_sky.task.storage import COPY, BucketMount
 
 MOUNTS = f'"$HOME"/{MOUNTS_DIR}'
 CONFIG = f"{MOUNTS}/rclone.conf"
-FLUSH = f"{MOUNTS}/flush"
+OLD_FLUSH = f"{MOUNTS}/flush"  # where older versions kept a flush script: removed, never run
 MOUNT_READY_S = 30  # a mount that is not up by then failed (its log says why)
 DEFAULT_FLUSH_TIMEOUT_S = 3600  # the longest a job's verdict waits for a mount's pending uploads
 COPY_TRANSFERS = 16  # parallel object transfers of one COPY per node
@@ -65,6 +73,27 @@ def node_path(destination: str) -> str:
     return shlex.quote(destination)
 
 
+@dataclasses.dataclass(frozen=True)
+class FlushedMount:
+    """A mount whose pending uploads a job's verdict waits for: its key, and its names for the log."""
+
+    key: str
+    destination: str
+    uri: str
+
+    @classmethod
+    def of(cls, mount: BucketMount) -> FlushedMount:
+        return cls(mount_key(mount.destination), mount.destination, mount.uri)
+
+    def words(self) -> tuple[str, str, str]:
+        return (self.key, self.destination, self.uri)
+
+
+def flushed_mounts(mounts: Sequence[BucketMount]) -> tuple[FlushedMount, ...]:
+    """The mounts (MOUNT, MOUNT_CACHED) among a job's bucket file_mounts: what its verdict waits for."""
+    return tuple(FlushedMount.of(m) for m in mounts if m.mode != COPY)
+
+
 def source_of(mount: BucketMount) -> str:
     """The rclone path of a mount's bucket (and folder)."""
     return f"{remote_name(mount.store)}:{mount.bucket}" + (f"/{mount.prefix}" if mount.prefix else "")
@@ -74,8 +103,10 @@ def attach_script(mounts: Sequence[BucketMount], rank: int, plain_http: bool = F
     """Install the config (a tar on stdin), then copy or mount every bucket; idempotent.
 
     Run it with bash (it uses $RANDOM and `jobs`). Prints one `copied <dest> <files> <bytes>` or `mounted <dest> <pid>` line per mount. A mount
-    already serving the same source at its destination is kept (a retried sync); another one is replaced.
-    `plain_http`: an endpoint without TLS, which rclone refuses while AWS_CA_BUNDLE is set.
+    already serving the same source at its destination is kept (a retried sync, or another job's); one
+    serving another source is replaced only while no job runs on the node (else a clear error). Other
+    destinations' mounts are left alone: they may serve a running job. A flush script an older version
+    left is removed. `plain_http`: an endpoint without TLS, which rclone refuses while AWS_CA_BUNDLE is set.
     """
     lines = [
         "set -eu",
@@ -85,11 +116,10 @@ def attach_script(mounts: Sequence[BucketMount], rank: int, plain_http: bool = F
     ]
     if plain_http:
         lines.append("unset AWS_CA_BUNDLE")
+    lines.append(f"{MARKED}\n{_UNMOUNT}")
     lines.append(_FUNCTIONS.replace("@RANK@", str(int(rank))))
     copies = [m for m in mounts if m.mode == COPY]
-    lines.append("copying=")
-    kept = [mount_key(m.destination) for m in mounts if m.mode != COPY]
-    lines.append(" ".join(["sky_forget", *map(shlex.quote, kept)]))
+    lines.append(f"copying=\nrm -f -- {OLD_FLUSH}")
     for mount in mounts:
         if mount.mode != COPY:
             lines.append(_mount_call(mount))
@@ -105,7 +135,6 @@ def attach_script(mounts: Sequence[BucketMount], rank: int, plain_http: bool = F
     if copies:
         # Only the copies: a mount's rclone is a background job of this shell too, and runs on.
         lines.append('for job in $copying; do wait "$job" || exit 1; done')
-    lines.append(_write_flush())
     return "\n".join(lines) + "\n"
 
 
@@ -131,9 +160,11 @@ if ! command -v rclone >/dev/null 2>&1 || { ! command -v fusermount3 >/dev/null 
 fi
 command -v rclone >/dev/null 2>&1 || { echo "rclone is not installed and could not be installed (apt-get install rclone fuse3)" >&2; exit 3; }"""
 
-# sky_forget KEY...: stop and forget the node's mounts that are not among KEY... (an earlier task's).
 # sky_copy DEST SOURCE SHOWN URI: rclone copyto (a folder or one object) with parallel transfers, then a summary line.
-# sky_mount DEST SOURCE KEY SHOWN URI FLAGS...: an rclone mount with its own rc port, waited for.
+# sky_mount DEST SOURCE KEY SHOWN URI FLAGS...: an rclone mount with its own rc port, marked with its key, waited for.
+# sky_unmount DEST: unmount DEST if it is an rclone FUSE mount (a rewritten state file unmounts nothing else).
+# sky_mount_pids KEY / sky_src PID / sky_dest PID: the processes serving mount KEY; what one mounts where (its
+# command line: `rclone mount SOURCE DEST ...`).
 _FUNCTIONS = f"""\
 sky_copy() {{
   if mountpoint -q "$1" 2>/dev/null; then sky_unmount "$1"; fi
@@ -147,31 +178,20 @@ sky_copy() {{
   [ -e "$1" ] || mkdir -p "$1"  # an empty folder copies nothing: the destination is an empty directory
   echo "copied $3 $(find "$1" -type f -printf '%s\\n' | awk '{{n++; s+=$1}} END {{print n+0, s+0}}')"
 }}
-sky_unmount() {{
-  fusermount3 -uz "$1" 2>/dev/null || fusermount -uz "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
-}}
-sky_forget() {{
-  for m in {MOUNTS}/m-*; do
-    [ -d "$m" ] || continue
-    case " $* " in *" ${{m##*/}} "*) continue;; esac
-    dest=$(cat "$m/dest" 2>/dev/null || true)
-    case "$dest" in "~") dest=$HOME;; "~/"*) dest="$HOME/${{dest#\\~/}}";; esac
-    [ -z "$dest" ] || sky_unmount "$dest"
-    pid=$(cat "$m/pid" 2>/dev/null || true); [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
-    rm -rf -- "$m"
-  done
-}}
 sky_mount() {{
-  dest=$1 src=$2 m={MOUNTS}/$3 shown=$4 uri=$5; shift 5
+  dest=$1 src=$2 key=$3 m={MOUNTS}/$3 shown=$4 uri=$5; shift 5
   (umask 077 && mkdir -p "$m")
+  pids=$(sky_mount_pids "$key")
   if mountpoint -q "$dest" 2>/dev/null; then
-    pid=$(cat "$m/pid" 2>/dev/null || true)
-    if [ "$(cat "$m/source" 2>/dev/null)" = "$src" ] && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-      echo "mounted $shown $pid"; return 0
+    for pid in $pids; do
+      if [ "$(sky_src "$pid")" = "$src" ]; then echo "mounted $shown $pid"; return 0; fi
+    done
+    if [ -n "$(grep -lz '^{JOB_MARK_ENV}=' /proc/[0-9]*/environ 2>/dev/null | head -n 1)" ]; then
+      echo "file_mounts.$shown: $dest on rank @RANK@ is mounted from another bucket, and a job on this node may be using it; wait until the node's jobs end, or mount at another path" >&2; return 1
     fi
     sky_unmount "$dest"
   fi
-  pid=$(cat "$m/pid" 2>/dev/null || true); [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  [ -z "$pids" ] || kill $pids 2>/dev/null || true
   mkdir -p "$dest"
   if [ -n "$(ls -A "$dest" 2>/dev/null)" ]; then
     echo "file_mounts.$shown: $dest on rank @RANK@ is a directory with files in it; a bucket mounts only on an empty or new directory" >&2; return 1
@@ -180,13 +200,13 @@ sky_mount() {{
   for try in 1 2 3 4 5; do
     port=$(( 20000 + RANDOM % 40000 ))
     : > "$m/log"
-    setsid rclone mount "$src" "$dest" --config {CONFIG} "$@" --cache-dir "$m/cache" --dir-cache-time 5s \\
+    {MOUNT_MARK_ENV}="$key" setsid rclone mount "$src" "$dest" --config {CONFIG} "$@" --cache-dir "$m/cache" --dir-cache-time 5s \\
       --rc --rc-addr "127.0.0.1:$port" --log-file "$m/log" --log-level INFO </dev/null >/dev/null 2>&1 &
     pid=$!
     i=0
     while [ $i -lt {MOUNT_READY_S * 10} ]; do
       if mountpoint -q "$dest" 2>/dev/null; then
-        echo "$pid" > "$m/pid"; echo "$port" > "$m/rc"; echo "mounted $shown $pid"; return 0
+        echo "mounted $shown $pid"; return 0
       fi
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.1; i=$((i+1))
@@ -199,66 +219,96 @@ sky_mount() {{
 }}"""
 
 
-def _write_flush() -> str:
-    """Write ~/.airflow_sky/mounts/flush: the script launch.sh runs after a job's script (flush_script)."""
-    return f"cat > {FLUSH} <<'AIRFLOW_SKY_FLUSH'\n{flush_script()}AIRFLOW_SKY_FLUSH\nchmod 700 {FLUSH}"
+_UNMOUNT = f"""\
+sky_mount_pids() {{ marked "{MOUNT_MARK_ENV}=$1"; }}
+sky_src() {{ tr '\\0' '\\n' < "/proc/$1/cmdline" 2>/dev/null | sed -n '/^mount$/{{n;p;q;}}'; }}
+sky_dest() {{ tr '\\0' '\\n' < "/proc/$1/cmdline" 2>/dev/null | sed -n '/^mount$/{{n;n;p;q;}}'; }}
+sky_unmount() {{
+  awk -v d="$1" '{{ gsub(/\\\\040/, " ", $5); gsub(/\\\\134/, "\\\\", $5) }}
+    $5 == d {{ for (i = 7; i < NF; i++) if ($i == "-") {{ if ($(i + 1) == "fuse.rclone") f = 1; break }} }}
+    END {{ exit !f }}' /proc/self/mountinfo 2>/dev/null || return 0
+  fusermount3 -uz "$1" 2>/dev/null || fusermount -uz "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
+}}"""
 
 
-def flush_script() -> str:
-    """Wait until no mount of the node has uploads pending; exit 1 naming the mount when one cannot finish.
+def flush_function() -> str:
+    """`sky_flush KEY SHOWN URI...`: wait until the named mounts have no upload pending; return 1 naming the
+    mount when one cannot finish. The job's launch.sh holds it (node.shell.launch_script), with the job's
+    own mounts as the worker knows them: nothing on the node's disk is run or believed for it.
 
-    The deadline is AIRFLOW_SKY_FLUSH_TIMEOUT_S (default 3600 s). A mount whose rclone died with uploads
-    pending, or whose uploads keep failing past the deadline, fails the job: its writes never reached
-    the bucket.
+    Each mount's rclone is found by its mark, its rc port read from its own command line. The deadline is
+    AIRFLOW_SKY_FLUSH_TIMEOUT_S (default 3600 s). A mount whose rclone is gone (uploads pending or not: they
+    cannot be known), or whose uploads keep failing past the deadline, fails the job: its writes may never
+    have reached the bucket.
     """
     return f"""\
-#!/bin/bash
-deadline=$(( $(date +%s) + ${{AIRFLOW_SKY_FLUSH_TIMEOUT_S:-{DEFAULT_FLUSH_TIMEOUT_S}}} ))
-status=0
-for m in {MOUNTS}/m-*; do
-  [ -s "$m/rc" ] || continue
-  port=$(cat "$m/rc"); shown=$(cat "$m/dest"); src=$(cat "$m/uri")
-  announced=0
-  while :; do
-    if ! stats=$(rclone rc --url "http://127.0.0.1:$port/" vfs/stats 2>/dev/null); then
-      echo "airflow-sky: file_mounts.$shown ($src): the mount's rclone is gone; writes not yet uploaded are lost"
-      status=1; break
-    fi
-    pending=0
-    for field in uploadsInProgress uploadsQueued; do
-      n=$(printf '%s\\n' "$stats" | sed -n "s/.*\\"$field\\": *\\([0-9]*\\).*/\\1/p" | head -n 1)
-      pending=$(( pending + ${{n:-0}} ))
+{MARKED}
+{_UNMOUNT}
+sky_flush() {{
+  local deadline status=0 key shown src port pid stats pending n field announced
+  deadline=$(( $(date +%s) + ${{AIRFLOW_SKY_FLUSH_TIMEOUT_S:-{DEFAULT_FLUSH_TIMEOUT_S}}} ))
+  while [ $# -ge 3 ]; do
+    key=$1 shown=$2 src=$3; shift 3
+    port=
+    for pid in $(sky_mount_pids "$key"); do
+      port=$(tr '\\0' '\\n' < "/proc/$pid/cmdline" 2>/dev/null | sed -n '/^--rc-addr$/{{n;s/^127\\.0\\.0\\.1:\\([0-9][0-9]*\\)$/\\1/p;q;}}')
+      [ -z "$port" ] || break
     done
-    [ "$pending" -eq 0 ] && break
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-      echo "airflow-sky: file_mounts.$shown ($src): $pending upload(s) still pending at the deadline (AIRFLOW_SKY_FLUSH_TIMEOUT_S); see $m/log"
-      status=1; break
-    fi
-    if [ $announced = 0 ]; then echo "airflow-sky: waiting for $pending upload(s) of file_mounts.$shown to reach $src"; announced=1; fi
-    sleep 1
+    announced=0
+    while :; do
+      if [ -z "$port" ] || ! stats=$(timeout 60 rclone rc --url "http://127.0.0.1:$port/" vfs/stats 2>/dev/null | head -c 65536; exit "${{PIPESTATUS[0]}}"); then
+        echo "airflow-sky: file_mounts.$shown ($src): the mount's rclone is gone; writes not yet uploaded are lost"
+        status=1; break
+      fi
+      pending=0
+      for field in uploadsInProgress uploadsQueued; do
+        n=$(printf '%s\\n' "$stats" | sed -n "s/.*\\"$field\\": *\\([0-9]*\\).*/\\1/p" | head -n 1)
+        pending=$(( pending + ${{n:-0}} ))
+      done
+      [ "$pending" -eq 0 ] && break
+      if [ "$(date +%s)" -ge "$deadline" ]; then
+        echo "airflow-sky: file_mounts.$shown ($src): $pending upload(s) still pending at the deadline (AIRFLOW_SKY_FLUSH_TIMEOUT_S); see ~/{MOUNTS_DIR}/$key/log"
+        status=1; break
+      fi
+      if [ $announced = 0 ]; then echo "airflow-sky: waiting for $pending upload(s) of file_mounts.$shown to reach $src"; announced=1; fi
+      sleep 1
+    done
   done
-done
-exit $status
-"""
+  return $status
+}}"""
 
 
 def detach_script(flush_timeout_s: int = 300) -> str:
-    """Flush (bounded), unmount every bucket mount of the node, stop its rclone, remove the credentials."""
+    """Flush (bounded), unmount every bucket mount of the node, stop its rclone, remove the credentials.
+
+    The mounts are found by their processes' marks and unmounted by the destinations on those processes'
+    command lines; a destination read from a state file is unmounted only if it is an rclone FUSE mount
+    (a stale one whose rclone died)."""
     return f"""\
 set -u
+{flush_function()}
 m0={MOUNTS}
 [ -d "$m0" ] || {{ echo "detached 0"; exit 0; }}
-if [ -x {FLUSH} ]; then AIRFLOW_SKY_FLUSH_TIMEOUT_S={int(flush_timeout_s)} {FLUSH} || true; fi
+mounts=$(grep -Hzo -- '^{MOUNT_MARK_ENV}=m-[0-9a-f]*' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sed -n 's|^/proc/\\([0-9]*\\)/environ:{MOUNT_MARK_ENV}=|\\1 |p')
+set --
+while read -r pid key; do
+  [ -n "$key" ] && set -- "$@" "$key" "$(sky_dest "$pid")" "$(sky_src "$pid")"
+done <<< "$mounts"
+AIRFLOW_SKY_FLUSH_TIMEOUT_S={int(flush_timeout_s)} sky_flush "$@" || true
+while read -r pid key; do
+  [ -n "$key" ] || continue
+  dest=$(sky_dest "$pid")
+  [ -z "$dest" ] || sky_unmount "$dest"
+  kill "$pid" 2>/dev/null || true
+done <<< "$mounts"
 n=0
 for m in "$m0"/m-*; do
   [ -d "$m" ] || continue
-  dest=$(cat "$m/dest" 2>/dev/null || true)
+  dest=$(head -c 4096 "$m/dest" 2>/dev/null | head -n 1 || true)
   case "$dest" in "~") dest=$HOME;; "~/"*) dest="$HOME/${{dest#\\~/}}";; esac
-  if [ -n "$dest" ]; then fusermount3 -uz "$dest" 2>/dev/null || fusermount -uz "$dest" 2>/dev/null || umount -l "$dest" 2>/dev/null || true; fi
-  pid=$(cat "$m/pid" 2>/dev/null || true)
-  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi
+  [ -z "$dest" ] || sky_unmount "$dest"
   rm -rf -- "$m"; n=$((n+1))
 done
-rm -f {CONFIG} {FLUSH}
+rm -f {CONFIG} {OLD_FLUSH}
 echo "detached $n"
 """

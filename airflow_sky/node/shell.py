@@ -2,6 +2,13 @@
 
 Every value that reaches a shell goes through shlex.quote. Env values never appear here: they travel in a
 0600 env file inside the tar stream that `start_command` reads from stdin.
+
+Trust line: the job runs as the node's user and can rewrite everything under its job dir (pid, exit code,
+launch.sh itself) and under ~/.airflow_sky. Nothing here executes a file a job could have planted (launch.sh
+is parsed whole before the job starts, and the mounts' flush is inline in it), and nothing is signalled by
+a pid a job could have written: every process of a job carries JOB_MARK_ENV=<job id>/gen-<g> in its
+environment from the start, which only the job's own processes can have, and cancellation signals the
+processes found by that entry (and the process groups they lead), never the pid file.
 """
 
 from __future__ import annotations
@@ -9,10 +16,13 @@ from __future__ import annotations
 import re
 import shlex
 import signal
+from collections.abc import Sequence
 
 from airflow_sky.node.autostop import TOUCH_ACTIVITY
-from airflow_sky.node.paths import JOBS_DIR, MOUNTS_DIR, WORKDIR
+from airflow_sky.node.paths import JOBS_DIR, WORKDIR
+from airflow_sky.node.processes import JOB_MARK_ENV, MARKED, SIGNAL_MARKED, end_marked_command
 from airflow_sky.node.python_lib import LIB_DIR
+from airflow_sky.node.rclone import FlushedMount, flush_function
 from airflow_sky.node.shell_reads import READ_SMALL, READ_TIMEOUT_S
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -34,44 +44,67 @@ def generation_dir(job_id: str, generation: int) -> str:
     return f"{job_dir(job_id)}/gen-{int(generation)}"
 
 
+def job_mark(job_id: str, generation: int) -> str:
+    """The environment entry every process of one generation of a job carries (`KEY=<job id>/gen-<g>`).
+
+    The worker derives it from what it holds (the job id and generation), never from a node file; ids are
+    unique among a cluster's jobs, and a node serves one cluster at a time."""
+    return f"{JOB_MARK_ENV}={validate_job_id(job_id)}/gen-{int(generation)}"
+
+
 # Job dirs (logs, results) a node keeps: one per job and phase; older ended ones go when a job starts.
 KEPT_JOB_DIRS = 100
 
 
-def launch_script() -> str:
+def launch_script(flush: Sequence[FlushedMount] = ()) -> str:
     """The detached wrapper (launch.sh) for one generation; it runs in the generation dir's parent job dir.
 
     `$$` is the process group id: setsid made this shell a session leader, and cancellation signals the
     whole group (torchrun and its workers included). The TERM/INT/HUP handler keeps the wrapper alive long
     enough to record the script's exit code; a handler (unlike an ignore) is reset for the children.
 
-    With bucket mounts on the node, the exit code is recorded only once their uploads are done (SkyPilot
-    marks a job done after MOUNT_CACHED's cache is uploaded): a flush that fails fails a script that
-    succeeded, and its message in the log names the mount.
+    With bucket mounts (`flush`, the job's own MOUNT and MOUNT_CACHED mounts, as the worker knows them),
+    the exit code is recorded only once their uploads are done (SkyPilot marks a job done after
+    MOUNT_CACHED's cache is uploaded): a flush that fails fails a script that succeeded, and its message in
+    the log names the mount. The flush is written here, for this job: nothing on the node's disk is run.
+
+    The whole wrapper is one function, parsed before anything runs: bash reads a script file as it goes,
+    and the job can reach this file ($AIRFLOW_SKY_JOB_DIR).
     """
-    return f"""\
-d=$(cd "$(dirname "$0")" && pwd)
-job=$(dirname "$d")
-echo $$ > "$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid"
-trap 'true' TERM INT HUP
-. "$d/env"
-rm -f "$d/env"  # secrets at rest: the env file lives only until the job has read it
-export AIRFLOW_SKY_XCOM_DIR="$job/xcom"
-export AIRFLOW_SKY_JOB_DIR="$job"
-# airflow_sky.progress for any Python the job runs (node.python_lib); last, so the job's own paths win.
-export AIRFLOW_SKY_PYTHONPATH="$d/{LIB_DIR}"
-export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}$AIRFLOW_SKY_PYTHONPATH"
-mkdir -p "$HOME/{WORKDIR}" "$AIRFLOW_SKY_XCOM_DIR"
-cd "$HOME/{WORKDIR}"
-bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null
-ec=$?
-if [ -x "$HOME/{MOUNTS_DIR}/flush" ]; then
-  "$HOME/{MOUNTS_DIR}/flush" >> "$d/log" 2>&1 < /dev/null || {{ [ "$ec" -ne 0 ] || ec=1; }}
-fi
-# A job can reach this dir ($AIRFLOW_SKY_JOB_DIR): whatever it left at exit_code gives way to the real one.
-[ -f "$d/exit_code" ] && [ ! -L "$d/exit_code" ] || rm -rf -- "$d/exit_code"
-echo "$ec" > "$d/exit_code.tmp" && mv -T -- "$d/exit_code.tmp" "$d/exit_code"
+    flush_call = (
+        f'  sky_flush {" ".join(shlex.quote(w) for m in flush for w in m.words())} >> "$d/log" 2>&1 '
+        '< /dev/null || { [ "$ec" -ne 0 ] || ec=1; }\n'
+        if flush
+        else ""
+    )
+    return (
+        (flush_function() + "\n" if flush else "")
+        + f"""\
+sky_launch() {{
+  d=$(cd "$(dirname "$0")" && pwd)
+  job=$(dirname "$d")
+  mark=${{{JOB_MARK_ENV}-}}
+  echo $$ > "$d/pid.tmp" && mv "$d/pid.tmp" "$d/pid"
+  trap 'true' TERM INT HUP
+  . "$d/env"
+  rm -f "$d/env"  # secrets at rest: the env file lives only until the job has read it
+  export {JOB_MARK_ENV}="$mark"  # after the env file: a task env of that name does not unmark the job
+  export AIRFLOW_SKY_XCOM_DIR="$job/xcom"
+  export AIRFLOW_SKY_JOB_DIR="$job"
+  # airflow_sky.progress for any Python the job runs (node.python_lib); last, so the job's own paths win.
+  export AIRFLOW_SKY_PYTHONPATH="$d/{LIB_DIR}"
+  export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}$AIRFLOW_SKY_PYTHONPATH"
+  mkdir -p "$HOME/{WORKDIR}" "$AIRFLOW_SKY_XCOM_DIR"
+  cd "$HOME/{WORKDIR}"
+  bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null
+  ec=$?
+{flush_call}  # A job can reach this dir: whatever it left at exit_code gives way to the real one.
+  [ -f "$d/exit_code" ] && [ ! -L "$d/exit_code" ] || rm -rf -- "$d/exit_code"
+  echo "$ec" > "$d/exit_code.tmp" && mv -T -- "$d/exit_code.tmp" "$d/exit_code"
+}}
+sky_launch "$@"; exit
 """
+    )
 
 
 UNPACKED_MARKER = "unpacked"  # the last member of the job's tar stream (jobs.job_files)
@@ -90,6 +123,7 @@ def start_command(job_id: str, generation: int) -> str:
     """
     g = int(generation)
     d = generation_dir(job_id, g)
+    mark = shlex.quote(job_mark(job_id, g))
     return f"""\
 set -eu
 umask 077
@@ -121,7 +155,7 @@ if [ ! -e "$d/claimed" ]; then
   trap '' HUP  # the claim and the launch go together: a session dropped now must not split them
   if mv -T -- "$stage" "$d" 2>/dev/null; then
     trap - EXIT
-    ( trap - HUP; exec setsid bash "$d/launch.sh" < /dev/null > /dev/null 2>&1 ) &
+    ( trap - HUP; export {mark}; exec setsid bash "$d/launch.sh" < /dev/null > /dev/null 2>&1 ) &
     state=started
   fi
   trap - HUP
@@ -143,13 +177,14 @@ def _prune_ended_jobs(keep: int) -> str:
   done ) >/dev/null 2>&1 || true"""
 
 
-# The job's process group: its pid file, or, where the job replaced that, the wrapper found by its command line
-# (a job cannot make itself unkillable by planting a pid file).
+# The job's wrapper: its pid file when that names a process of this generation (it carries the mark), else
+# the oldest process that does (a job cannot make itself unkillable, or another process killable, by
+# rewriting its pid file). Empty when none is alive.
 JOB_PID = """\
 job_pid() {
   p=$(small "$1/pid" || true)
-  case "$p" in ''|*[!0-9]*) p=$(pgrep -o -f -- "^bash $1/launch.sh\\$" 2>/dev/null || true);; esac
-  echo "$p"
+  case "$p" in ''|*[!0-9]*) ;; *) grep -qzxF -- "$2" "/proc/$p/environ" 2>/dev/null && { echo "$p"; return; };; esac
+  oldest $(marked "$2")
 }"""
 
 
@@ -159,20 +194,21 @@ def poll_command(job_id: str, generation: int, offset: int, max_bytes: int) -> s
     `max_bytes=0` asks for the state only.
 
     Liveness is read before the exit code: the wrapper writes the exit code before it exits, so a job seen
-    dead with no exit code was really lost (node restarted, wrapper killed).
+    dead with no exit code was really lost (node restarted, wrapper killed). Alive means a process with the
+    generation's mark lives.
     """
     if offset < 0 or max_bytes < 0:
         raise ValueError("offset and max_bytes must be >= 0")
     d = generation_dir(job_id, generation)
     return f"""\
 {READ_SMALL}
+{MARKED}
 {JOB_PID}
 d={d}
 {TOUCH_ACTIVITY}
 if [ ! -d "$d" ]; then echo "missing 0 0 -"; exit 0; fi
-alive=0
-pid=$(job_pid "$d")
-case "$pid" in ''|*[!0-9]*) pid=;; *) if [ "$pid" -gt 1 ] && kill -0 -- "-$pid" 2>/dev/null; then alive=1; fi;; esac
+pid=$(job_pid "$d" {shlex.quote(job_mark(job_id, generation))})
+alive=0; [ -z "$pid" ] || alive=1
 ec=$(small "$d/exit_code" || true)
 case "$ec" in ''|*[!0-9-]*) ec=-;; esac
 size=0
@@ -189,19 +225,16 @@ echo "$ec $alive $size ${{pid:--}}"
 def kill_command(
     job_id: str, generation: int, sig: signal.Signals, grace_s: float, record_exit_code: int
 ) -> str:
-    """Signal the job's process group, SIGKILL it after `grace_s`, and record an exit code if none was written."""
+    """Signal every process of the job's generation (by its mark, and the process groups they lead), SIGKILL
+    what is left after `grace_s`, and record an exit code if none was written. Never a pid from a file."""
     d = generation_dir(job_id, generation)
-    ticks = max(1, int(grace_s * 10))
     return f"""\
 {READ_SMALL}
-{JOB_PID}
+{MARKED}
+{SIGNAL_MARKED}
 d={d}
-pid=$(job_pid "$d")
-case "$pid" in ''|*[!0-9]*|0|1) echo none; exit 0;; esac
-kill -{int(sig)} -- "-$pid" 2>/dev/null || true
-i=0
-while kill -0 -- "-$pid" 2>/dev/null && [ $i -lt {ticks} ]; do sleep 0.1; i=$((i+1)); done
-kill -9 -- "-$pid" 2>/dev/null || true
+[ -d "$d" ] || {{ echo none; exit 0; }}
+{end_marked_command(job_mark(job_id, generation), int(sig), grace_s)}
 ec=$(small "$d/exit_code" || true)
 case "$ec" in ''|*[!0-9-]*) ec={int(record_exit_code)}; rm -rf -- "$d/exit_code"; echo "$ec" > "$d/exit_code.tmp" && mv -T -- "$d/exit_code.tmp" "$d/exit_code";; esac
 echo "killed $ec"

@@ -3,7 +3,9 @@
 Every process of a node (its SSH server and everything started through it, detached jobs included)
 carries NODE_MARKER_ENV=<cluster>/<instance_id> and NODE_ROOT_ENV=<state root> in its environment, so
 stopping a node finds all of them even after `setsid` moved them out of the server's session, and only
-those of this state root.
+those of this state root. A job can clear its environment (`env -i`), but not leave its node's process
+tree: the server is a child subreaper (node_server), so whatever a job orphans, double fork and `setsid`
+included, is re-parented to it; stopping a node ends the marked processes and all their descendants.
 """
 
 from __future__ import annotations
@@ -167,16 +169,33 @@ def processes_with_marker(prefix: str) -> list[psutil.Process]:
     return found
 
 
-def kill_marked(prefix: str, timeout_s: float = 5.0) -> int:
-    """SIGKILL every process of a node or cluster and reap; returns how many there were."""
-    procs = processes_with_marker(prefix)
+def _with_descendants(procs: Iterable[psutil.Process]) -> dict[int, psutil.Process]:
+    found: dict[int, psutil.Process] = {}
     for proc in procs:
+        found[proc.pid] = proc
+        with contextlib.suppress(psutil.Error):
+            found.update({child.pid: child for child in proc.children(recursive=True)})
+    return found
+
+
+def kill_marked(prefix: str, timeout_s: float = 5.0) -> int:
+    """SIGKILL every process of a node or cluster, and every descendant of one (a job that cleared its
+    environment), and reap; returns how many there were.
+
+    Everything found is stopped first and looked for again: a child forked in between is found as a
+    descendant of its stopped parent, and a stopped process forks no more."""
+    procs = _with_descendants(processes_with_marker(prefix))
+    for proc in procs.values():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(signal.SIGSTOP)
+    procs.update(_with_descendants(list(procs.values())))
+    for proc in procs.values():
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             proc.send_signal(signal.SIGKILL)
     # Not psutil.wait_procs: a killed process whose parent has not reaped it yet is a zombie (dead, just
     # not buried), and still "exists" for it.
     deadline = time.monotonic() + timeout_s
-    alive = [p for p in procs if _running(p)]
+    alive = [p for p in procs.values() if _running(p)]
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
         alive = [p for p in alive if _running(p)]

@@ -189,7 +189,9 @@ def _become_subreaper() -> None:
     """Adopt the node's orphans (setsid jobs whose launcher exited), as a machine's init would.
 
     Without this they reparent to the host's PID 1, which in containers often never reaps them: a finished
-    job would then linger as a zombie and still look alive to `kill -0`.
+    job would then linger as a zombie and still look alive to `kill -0`. And a job that clears its
+    environment (`env -i`) and double-forks stays in this server's tree: stopping the node ends it
+    (daemon.kill_marked, _end_own_processes).
     """
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -357,14 +359,23 @@ async def _watch_poweroff(home: Path, node_dir: Path, stop: asyncio.Event) -> No
 
 
 def _end_own_processes(marker: str) -> None:
-    """The node's processes end with it, as a VM's do (in a PID namespace the kernel does it anyway)."""
+    """The node's processes end with it, as a VM's do (in a PID namespace the kernel does it anyway): the
+    marked ones, and every descendant of this server (a job that cleared its environment is one: the server
+    is their subreaper). Stopped first, so that none forks past the look."""
     root = os.environ.get(layout.NODE_ROOT_ENV)
+    found: dict[int, psutil.Process] = {}
     for proc in psutil.process_iter():
         with contextlib.suppress(psutil.Error, OSError):
             environ = proc.environ()
             own = environ.get(layout.NODE_MARKER_ENV) == marker and environ.get(layout.NODE_ROOT_ENV) == root
             if own and proc.pid != os.getpid():
-                proc.kill()
+                found[proc.pid] = proc
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        with contextlib.suppress(psutil.Error):
+            found.update({p.pid: p for p in psutil.Process().children(recursive=True)})
+        for proc in found.values():
+            with contextlib.suppress(psutil.Error, OSError):
+                proc.send_signal(sig)
 
 
 def main(argv: list[str] | None = None) -> int:
