@@ -206,6 +206,7 @@ def pool_connection(pool: SshdPool) -> str:
                 "hosts": [{"ip": h.address, "user": h.user} for h in pool.hosts],
                 "private_key": pool.client_key.read_text(),
                 "known_hosts": pool.known_hosts.read_text(),
+                "state": pool.state_connection_field(),
             },
         }
     )
@@ -589,9 +590,7 @@ def main(config_path: str, report_path: str) -> int:
                 if host.proc is None or host.proc.poll() is not None:
                     host.start()
             report["leftover_processes"] = pool.leftover_processes()
-            report["locked_hosts"] = [
-                h.address for h in pool.hosts if (h.home / ".airflow_sky" / "host.lock").exists()
-            ]
+            report["locked_hosts"] = pool.locked_hosts()
         pool.stop()
         data_dir = root / "pg_data_dir"
         if data_dir.exists():

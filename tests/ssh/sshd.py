@@ -9,6 +9,7 @@ the test users, the users themselves.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -158,13 +159,14 @@ class SshdPool:
         """Where the state host keeps the pools' records."""
         return self.state.home / ".airflow_sky" / "state"
 
+    def locks(self) -> list[dict[str, object]]:
+        """The host locks held on the state host (a released host's record is empty), as written."""
+        records = sorted((self.state.home / ".airflow_sky" / "host-locks").glob("*.json"))
+        return [data for path in records if (data := json.loads(path.read_text())["data"])]
+
     def locked_hosts(self) -> list[str]:
-        """The hosts' lock records that hold a host (a released one is an empty record), as raw JSON text."""
-        return [
-            text
-            for path in sorted((self.state.home / ".airflow_sky" / "host-locks").glob("*.json"))
-            if '"cluster"' in (text := path.read_text())
-        ]
+        """The addresses of the hosts a lock holds."""
+        return [str(lock["host"]).rpartition("@")[2].rpartition(":")[0] for lock in self.locks()]
 
     def pool_yaml(self, name: str, hosts: list[SshdHost] | None = None) -> str:
         """The pool in SkyPilot's ssh_node_pools.yaml format: aliases from ssh_config, the shared key, and

@@ -38,7 +38,7 @@ class TestSshCloud(CloudContract):
 
     def leftovers(self, cluster_name: str) -> list[object]:
         found: list[object] = []
-        found.extend(lock for lock in self.sshd.locked_hosts() if f'"{cluster_name}"' in lock)
+        found.extend(lock for lock in self.sshd.locks() if lock["cluster"] == cluster_name)
         for host in self.sshd.hosts:
             jobs = host.home / ".airflow_sky" / "jobs"
             if jobs.exists():

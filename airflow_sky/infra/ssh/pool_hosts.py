@@ -173,9 +173,10 @@ class PoolHosts:
             return client
 
     def _try_reach(self, host: PoolHost) -> str | None:
-        """None when the host answers (one SFTP request on the kept connection), else why it cannot be used."""
+        """None when the host answers (one SFTP request on the kept connection), else why it cannot be used.
+        The request lists `/`, which no job can make long (a job owns its home)."""
         try:
-            self._client(host).listdir(".")
+            self._client(host).listdir("/")
             return None
         except (RemoteError, OSError, paramiko.SSHException) as e:  # a transport that broke mid-request
             return hosts.unusable_reason(e)
