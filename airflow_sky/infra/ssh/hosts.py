@@ -18,7 +18,7 @@ from typing import Any
 from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import JOBS_DIR
-from airflow_sky.node.shell_reads import READ_SMALL
+from airflow_sky.node.processes import sweep_user_command
 
 _DOCKER_BRIDGE = ipaddress.ip_network("172.17.0.0/16")  # docker0: never how other hosts reach this one
 _GPU_MARKER = "--- gpus ---"
@@ -135,17 +135,12 @@ def internal_ip(pool_address: str, host_addresses: tuple[str, ...]) -> str:
 
 
 def clean_command() -> str:
-    """Stop every job the cluster started on the host (their process groups) and remove the job records.
-
-    Teardown leaves the machine itself (and ~/sky_workdir) as it found it otherwise.
+    """Stop everything the cluster's jobs left on the host (the login user's processes outside SSH sessions,
+    setsid or not: node.processes.sweep_user_command; the host was the cluster's alone) and remove the job
+    records. Teardown leaves the machine itself (and ~/sky_workdir) as it found it otherwise.
     """
     return f"""\
-{READ_SMALL}
-for p in "$HOME"/{JOBS_DIR}/*/gen-*/pid; do
-  pid=$(small "$p" || true)  # bounded: a job can link its pid file to /dev/zero
-  case "$pid" in ''|*[!0-9]*|0|1) continue;; esac
-  kill -9 -- "-$pid" 2>/dev/null || true
-done
+{sweep_user_command()}
 rm -rf -- "$HOME"/{JOBS_DIR}
 """
 
