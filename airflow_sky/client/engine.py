@@ -57,13 +57,19 @@ def private_airflow_home() -> Path:
 
 def bind_private_home() -> None:
     """Before anything imports Airflow without a launch (down, queue, logs...): point it at the private
-    home, so that importing the SSH provider never creates ~/airflow or reads a user's real Airflow."""
+    home, so that importing the SSH provider never creates ~/airflow or reads a user's real Airflow. The
+    CLI and the SDK call it first: this process is the user's own, so their git setup may resolve a git
+    workdir's ref (node.git_commit; an Airflow worker never does this)."""
+    from airflow_sky.node.git_commit import use_machine_git_setup
+
+    use_machine_git_setup()
     if "airflow" not in sys.modules:
         os.environ["AIRFLOW_HOME"] = str(private_airflow_home())
 
 
 def prepare_airflow() -> Path:
     """Point Airflow at the private home and migrate its DB on first use. Call before importing Airflow."""
+    bind_private_home()
     home = private_airflow_home()
     if _active.get("home") == home:
         return home  # prepared already in this process (the SDK prepares before its pre-flight checks)

@@ -10,6 +10,11 @@ helper, no transport a config allows beyond git's defaults), an empty home (no ~
 the worker (a fresh empty one: the host key is taken on first contact, as a fresh node does). Only what
 the task names reaches the repository: GIT_TOKEN, or GIT_SSH_KEY_PATH, which the DAG author (trusted)
 names and a managed run's conf may not (task.conf_policy); with it, that key alone.
+
+The CLI and the SDK resolve on the user's own machine, for the user's own task: there, as `sky launch`
+does, the user's git and ssh setup (agent, keys, known_hosts, credential helpers) is used. They say so by
+setting AIRFLOW_SKY_GIT_USERS_MACHINE=1 in their process (`use_machine_git_setup`), which their engine's
+child processes inherit; an Airflow worker never sets it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from airflow_sky.node.git_workdir import (
     checkout,
     credential_args,
     last_line,
+    ssh_command,
     url_kind,
 )
 from airflow_sky.task import GitWorkdir, Task
@@ -45,6 +51,17 @@ if TYPE_CHECKING:
 
 _HEX_COMMIT = re.compile(r"^[0-9a-fA-F]{7,40}$")
 LS_REMOTE_TIMEOUT_S = 120.0
+USERS_MACHINE_ENV = "AIRFLOW_SKY_GIT_USERS_MACHINE"
+
+
+def use_machine_git_setup() -> None:
+    """Called by the CLI and the SDK (client/): this process runs on the user's own machine, whose git and
+    ssh setup may open the user's repositories. Never called on an Airflow worker."""
+    os.environ[USERS_MACHINE_ENV] = "1"
+
+
+def _on_users_machine() -> bool:
+    return os.environ.get(USERS_MACHINE_ENV) == "1"
 
 
 def parse_ls_remote(text: str) -> dict[str, str]:
@@ -85,9 +102,14 @@ def resolve_commit(git: GitWorkdir, secrets: Mapping[str, str]) -> str:
     redact = redactor(auth.secrets)
     try:
         with tempfile.TemporaryDirectory(prefix="airflow-sky-git-") as home:
+            env = (
+                users_env(url, key, auth.token, auth.user)
+                if _on_users_machine()
+                else isolated_env(home, url, key, auth.token, auth.user)
+            )
             proc = subprocess.run(
                 ["git", *credential_args(auth.token is not None), "ls-remote", "--", url],
-                env=isolated_env(home, url, key, auth.token, auth.user),
+                env=env,
                 cwd=home,
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
@@ -112,6 +134,17 @@ def resolve_commit(git: GitWorkdir, secrets: Mapping[str, str]) -> str:
     if commit is None:
         raise SpecError(_unknown_ref_message(git, refs))
     return commit
+
+
+def users_env(url: str, key_file: str | None, token: str | None, user: str) -> dict[str, str]:
+    """The environment of `git ls-remote` on the user's own machine (CLI, SDK): theirs, without a prompt; a
+    GIT_SSH_KEY_PATH key alone when given, else their ssh config, agent and keys, as `sky launch`."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    if token is not None:
+        env |= {TOKEN_VAR: token, USER_VAR: user}
+    if url_kind(url) == "ssh":
+        env["GIT_SSH_COMMAND"] = ssh_command(key_file)
+    return env
 
 
 def isolated_env(home: str, url: str, key_file: str | None, token: str | None, user: str) -> dict[str, str]:

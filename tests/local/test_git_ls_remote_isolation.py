@@ -7,6 +7,7 @@ config (url.insteadOf, credential helpers) and ~/.netrc are not read. Against a 
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,7 @@ def worker_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private_repo: G
         f'[http]\n\textraHeader = "Authorization: Basic {basic}"\n'
         f'[url "{private_repo.url}"]\n\tinsteadOf = https://example.invalid/team/repo.git\n'
     )
+    monkeypatch.delenv(gc.USERS_MACHINE_ENV, raising=False)  # an Airflow worker (a CLI test may have set it)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
@@ -77,6 +79,24 @@ def test_the_tasks_own_token_still_opens_it(private_repo: GitServer, worker_home
     head = private_repo.commit({"train.py": "print(2)\n"})
     assert gc.resolve_commit(GitWorkdir(private_repo.url), {"GIT_TOKEN": TOKEN}) == head
     assert not (worker_home / ".git-credentials").read_text().count("\n") > 1, "the token was stored"
+
+
+def test_on_the_users_own_machine_their_git_setup_opens_it(
+    private_repo: GitServer, worker_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI and the SDK run for the user on their machine: as `sky launch`, their credential helper and
+    url rewrites apply there (an Airflow worker never marks itself so)."""
+    monkeypatch.setenv(gc.USERS_MACHINE_ENV, "1")
+    head = private_repo.commit({"train.py": "print(3)\n"})
+    assert gc.resolve_commit(GitWorkdir("https://example.invalid/team/repo.git"), {}) == head
+
+
+def test_the_cli_marks_its_process_as_the_users_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_sky.client.engine import bind_private_home
+
+    monkeypatch.delenv(gc.USERS_MACHINE_ENV, raising=False)
+    bind_private_home()
+    assert os.environ.get(gc.USERS_MACHINE_ENV) == "1"
 
 
 def test_the_ssh_command_uses_no_config_agent_default_key_or_known_hosts_of_the_worker(

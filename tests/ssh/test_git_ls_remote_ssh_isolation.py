@@ -52,6 +52,7 @@ def worker_with_key(sshd_pool: SshdPool, tmp_path: Path, monkeypatch: pytest.Mon
             time.sleep(0.05)
         env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
         subprocess.run(["ssh-add", "-q", str(sshd_pool.client_key)], env=env, check=True, timeout=30)
+        monkeypatch.delenv(gc.USERS_MACHINE_ENV, raising=False)  # an Airflow worker, not the CLI
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
         monkeypatch.setenv(
             "GIT_SSH_COMMAND", f"ssh -i {sshd_pool.client_key} -o StrictHostKeyChecking=no -o BatchMode=yes"
