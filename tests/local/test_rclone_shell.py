@@ -24,6 +24,7 @@ from airflow_sky.task.storage import BucketMount
 # call, in rclone's own JSON layout; a missing file is a dead rc server.
 FAKE_RCLONE = """#!/bin/bash
 if [ "$1" = mount ]; then trap 'kill $!; exit 0' TERM; sleep 300 & wait; exit 0; fi
+if [ "$1" = copyto ]; then mkdir -p "$3"; exit 0; fi
 [ -f "$STATS_FILE" ] || { echo "connection refused" >&2; exit 1; }
 n=$(cat "$STATS_FILE")
 [ "$n" -gt 0 ] && echo $((n - 1)) > "$STATS_FILE"
@@ -51,12 +52,14 @@ def node(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], list[subprocess
         proc.wait()
 
 
-def _serve_mount(node, key: str = CHECKPOINT.key, port: int = 5572, dest: str = "/checkpoint") -> int:
+def _serve_mount(
+    node, key: str = CHECKPOINT.key, port: int = 5572, dest: str = "/checkpoint", source: str = "sky-s3:ckpt"
+) -> int:
     """Start a stand-in mount process as attach does: marked with its key, its rc port on its command line."""
     home, env, started = node
     (home / ".airflow_sky" / "mounts" / key).mkdir(exist_ok=True)
     proc = subprocess.Popen(
-        ["rclone", "mount", "sky-s3:ckpt", dest, "--rc", "--rc-addr", f"127.0.0.1:{port}"],
+        ["rclone", "mount", source, dest, "--rc", "--rc-addr", f"127.0.0.1:{port}"],
         env={**env, processes.MOUNT_MARK_ENV: key},
     )
     started.append(proc)
@@ -216,3 +219,42 @@ def test_detach_removes_the_mounts_state_and_the_credentials_and_kills_no_bystan
     assert started[0].wait(timeout=30) == 0  # the mount's process, found by its mark, was stopped
     assert bystander.poll() is None, "detach killed the process a rewritten pid file named"
     assert not (tmp_path / "planted-ran").exists() and mount_pid
+
+
+def _attach_in(node, mounts: list[BucketMount]) -> subprocess.CompletedProcess[str]:
+    _, env, _ = node
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.addfile(tarfile.TarInfo("rclone.conf"), io.BytesIO(b""))
+    return subprocess.run(
+        ["bash", "-c", rclone.attach_script(mounts, rank=0)],
+        input=buffer.getvalue().decode("latin-1"),
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="latin-1",
+        timeout=60,
+    )
+
+
+def test_an_attach_leaves_the_mounts_of_other_destinations_alone(node):
+    home, _, started = node
+    _serve_mount(node)  # another job's mount of /checkpoint
+    done = _attach_in(node, [BucketMount("~/data", "s3", "src-data", mode="COPY")])
+    assert done.returncode == 0, done.stderr
+    assert started[0].poll() is None, "a later job's attach stopped another job's mount"
+    assert (home / ".airflow_sky" / "mounts" / CHECKPOINT.key).is_dir()
+
+
+def test_an_attach_does_not_replace_a_mount_from_another_bucket_while_a_job_runs(node):
+    home, env, started = node
+    (Path(env["PATH"].split(":")[0]) / "mountpoint").write_text("#!/bin/bash\nexit 0\n")
+    (Path(env["PATH"].split(":")[0]) / "mountpoint").chmod(0o755)
+    dest = str(home / "ckpt")
+    _serve_mount(node, key=rclone.mount_key(dest), dest=dest, source="sky-s3:other")
+    running = subprocess.Popen(["sleep", "300"], env={**env, processes.JOB_MARK_ENV: "1-run/gen-0"})
+    started.append(running)
+    done = _attach_in(node, [BucketMount(dest, "s3", "mine", mode="MOUNT")])
+    assert done.returncode == 1
+    assert f"file_mounts.{dest}: {dest} on rank 0 is mounted from another bucket" in done.stderr
+    assert started[0].poll() is None, "the running job's mount was replaced"
