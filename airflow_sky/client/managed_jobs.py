@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path
+from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_config, api_path
 from airflow_sky.client.cluster_names import check_cluster_name
 from airflow_sky.client.jobs_bucket import (
     SETTING,
@@ -33,7 +33,7 @@ from airflow_sky.client.managed_dag import borrowed_api, check_dag_ready, check_
 from airflow_sky.client.managed_runs import ManagedJob, cancel, job, logs, queue
 from airflow_sky.dags.managed import MANAGED_DAG_ID
 from airflow_sky.errors import SkyError, SpecError
-from airflow_sky.operators.job_spec import JobSpec, job_owner, secret_variable_key
+from airflow_sky.operators.job_spec import JobSpec, secret_owner, secret_variable_key
 from airflow_sky.task import Task
 from airflow_sky.task.conf_policy import SETTINGS, ConfPolicy
 from airflow_sky.task.jobs_bucket import LocalUpload, job_files_uri, local_paths, translate_local_paths
@@ -85,7 +85,8 @@ def launch(
         if num_nodes < 1:
             raise SpecError(f"num_nodes: must be an integer >= 1, got {num_nodes}")
         tasks[0].num_nodes = num_nodes
-    run_id = f"sky-job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{random.token_hex(3)}"
+    # 64 random bits: nobody guesses the id, and with it the Variables, of a run about to be submitted.
+    run_id = f"sky-job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{random.token_hex(8)}"
     bucket = _jobs_bucket_for(tasks, pipeline)
     run_uri = bucket.bucket.run_uri(run_id) if bucket is not None else None
     uploads: list[LocalUpload] = []
@@ -97,7 +98,7 @@ def launch(
     for index, one in enumerate(tasks):
         mapping = one.to_dict(secret_references=True)  # a token in a git URL travels as ${NAME}
         mapping["secrets"] = {name: None for name in one.secrets}
-        owner = job_owner(run_id, index, len(tasks))
+        owner = secret_owner(dag_id, run_id, index)
         specs.append(
             JobSpec(
                 task=mapping,
@@ -109,10 +110,12 @@ def launch(
             )
         )
     policy = client_policy()
+    user = _api_user(api)
     for index, spec in enumerate(specs):  # what the DAG's spec tasks will check, checked here first
-        JobSpec.from_conf(spec.to_run_conf(), owner=job_owner(run_id, index, len(specs)))
+        JobSpec.from_conf(spec.to_run_conf(), owner=secret_owner(dag_id, run_id, index))
         if policy is not None:
-            spec.check_policy(policy, tasks[index])
+            # The deployment judges the cluster name by the user its API knows, which a token does not say.
+            spec.check_policy(policy, tasks[index], user=user, user_known=user is not None)
     files = files_to_upload(bucket.bucket, uploads) if bucket is not None and uploads else []
     confs = [spec.to_run_conf() for spec in specs]
     conf = confs[0] if pipeline is None else {"pipeline": pipeline, "jobs": confs}
@@ -140,6 +143,15 @@ def client_policy() -> ConfPolicy | None:
     if not any(settings.values()):
         return None
     return ConfPolicy.from_settings(settings.get, os.environ.get("AIRFLOW__SKY__DEFAULT_STORE"))
+
+
+def _api_user(api: AirflowApi | None) -> str | None:
+    """The Airflow user this launch logs in as, when the API config names one (a token names none here)."""
+    if api is not None:
+        return api.config.username
+    with contextlib.suppress(SkyError):
+        return api_config().username
+    return None
 
 
 def _jobs_bucket_for(tasks: list[Task], pipeline: str | None) -> JobsBucketConfig | None:
@@ -194,7 +206,7 @@ def _submit(
             client.request(
                 "POST",
                 "/variables",
-                json={"key": key, "value": value, "description": f"a secret of {run_id}"},
+                json={"key": key, "value": value, "description": f"a secret of {dag_id} run {run_id}"},
             )
             created.append(key)
         body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}

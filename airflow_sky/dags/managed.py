@@ -12,10 +12,12 @@ and `airflow-sky jobs queue/logs/cancel` follow it. Put it in the DAG folder of 
     begin ─▶ spec ─▶ [provision ─▶ sync[n] ─▶ setup_follow[n] ─▶ launch ─▶ run_follow[m] ─▶ collect ─▶ teardown] ─▶ forget_secrets
                                                                                                                  └▶ remove_uploads
 
-`spec` checks the conf (operators.job_spec) against the deployment's policy (task.conf_policy: `[sky]
-managed_infras`, `managed_cluster_names`, `managed_buckets`; no path on the worker ever) and hands it to every
-task of the job; the job's node count, resources, infra and cluster come from it at run time (the per-node
-tasks map over the provisioned nodes).
+`spec` checks the conf (operators.job_spec) against the deployment's policy for the user who triggered the
+run (task.conf_policy: `[sky] managed_infras`, `managed_cluster_names`, `managed_buckets`, `managed_ports`,
+`managed_max_nodes`, `managed_instance_types`, `managed_accelerators`; no path on the worker ever), names
+the job's own cluster when the conf names none (64 random bits) and hands the spec to every task of the job;
+the job's node count, resources, infra and cluster come from it at run time (the per-node tasks map over the
+provisioned nodes).
 `forget_secrets` deletes the Variables that held the job's secrets, and `remove_uploads` the files `jobs
 launch` put in the jobs bucket for the run (`<[sky] jobs_bucket>/<run id>/`), whatever the outcome.
 """

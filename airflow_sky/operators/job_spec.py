@@ -4,7 +4,7 @@
 with a conf of this shape:
 
     {"task": {...},                 # the task mapping (Task.to_dict()), without its secrets' values
-     "secrets": ["NAME", ...],      # held in the Airflow Variables airflow_sky_secret__<run id>__NAME
+     "secrets": ["NAME", ...],      # held in the Airflow Variables airflow_sky_secret__<owner>__NAME
      "infra": "local", "cluster_name": null, "down": true,
      "uploads": null}                # or the run's prefix in the jobs bucket, which the run's end removes
 
@@ -13,12 +13,16 @@ order, one job after the other (each its own cluster), in one run of a DAG with 
 
 Secret values never sit in the conf (a DAG run's conf is stored and shown in clear): they live in Airflow
 Variables, Airflow's own store for secrets (encrypted with the deployment's Fernet key, masked in the API and
-in task logs by their name), and the DAG's last task deletes them.
+in task logs by their name), and the DAG's last task deletes them. A job's Variables are named by its
+`owner`: a hash of the DAG id, the run id and the job's slot in the run (secret_owner), so that no run id,
+however crafted, names the Variables of another run's job (a run id is chosen by whoever triggers the run).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -31,7 +35,8 @@ from airflow_sky.task.diagnostics import known_fields
 
 SECRET_VARIABLE_PREFIX = "airflow_sky_secret__"  # "secret" in the name: Airflow masks the value everywhere
 _CONF_FIELDS = ("task", "secrets", "infra", "cluster_name", "down", "uploads")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_OWNER = re.compile(r"^[0-9a-f]{32}\Z")
 
 
 def job_confs(conf: Any, source: str = "the run conf") -> list[Any]:
@@ -52,28 +57,38 @@ def _secret_keys(secrets: Any, owner: str | None, source: str) -> dict[str, str]
     if owner is not None:
         if secrets is None:
             return {}
-        if not isinstance(secrets, list) or not all(isinstance(n, str) and _NAME.match(n) for n in secrets):
+        if not isinstance(secrets, list) or not all(
+            isinstance(n, str) and SECRET_NAME.match(n) for n in secrets
+        ):
             raise SpecError(
                 f"{source}: secrets: must list the secrets' names (their values are in Airflow Variables "
-                f"{SECRET_VARIABLE_PREFIX}<run>__<NAME>, never in a conf)"
+                f"{SECRET_VARIABLE_PREFIX}<owner>__<NAME>, never in a conf)"
             )
         return {name: secret_variable_key(owner, name) for name in secrets}
     if not isinstance(secrets, Mapping) or not all(
-        isinstance(k, str) and _NAME.match(k) and isinstance(v, str) and v.startswith(SECRET_VARIABLE_PREFIX)
+        isinstance(k, str)
+        and SECRET_NAME.match(k)
+        and isinstance(v, str)
+        and v.startswith(SECRET_VARIABLE_PREFIX)
         for k, v in secrets.items()
     ):
         raise SpecError(f"{source}: secrets: must map each secret's name to its Airflow Variable")
     return dict(secrets)
 
 
-def job_owner(run_id: str, index: int, jobs: int) -> str:
-    """Whose Variables a job's secrets are in: the run's, or for a pipeline's jobs `<run id>-<n>`."""
-    return run_id if jobs == 1 else f"{run_id}-{index + 1}"
+def secret_owner(dag_id: str, run_id: str, index: int = 0) -> str:
+    """Whose Variables the secrets of job `index` (0: the job, or a pipeline's first) of run `run_id` of DAG
+    `dag_id` are in: 32 hex digits of the SHA-256 of the three as JSON, which spells any two strings apart.
+    (Joined as text, run `R` job 2 and a run named `R-2` were one owner; so were DAGs sharing a run id.)"""
+    return hashlib.sha256(json.dumps([dag_id, run_id, index]).encode()).hexdigest()[:32]
 
 
-def secret_variable_key(run_id: str, name: str) -> str:
-    """The Airflow Variable that holds secret `name` of the managed job run `run_id`."""
-    return f"{SECRET_VARIABLE_PREFIX}{run_id}__{name}"
+def secret_variable_key(owner: str, name: str) -> str:
+    """The Airflow Variable that holds secret `name` of the job `owner` (secret_owner): of fixed length up to
+    the name, so no (owner, name) pair spells another's key."""
+    if not _OWNER.match(owner) or not SECRET_NAME.match(name):
+        raise ValueError(f"secret_variable_key: {owner!r}, {name!r}: an owner is a secret_owner() hash")
+    return f"{SECRET_VARIABLE_PREFIX}{owner}__{name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +117,8 @@ class JobSpec:
         A conf never names a path on the worker (task.conf_policy); what the deployment's policy allows is
         checked by `check_policy`, on the task with its secrets' values.
 
-        In a run conf, `secrets` lists the secrets' names and `owner` (the run id, or `<run id>-<n>` for a
-        pipeline's n-th job) gives their Variables; a spec handed on by the spec task maps each name to its
+        In a run conf, `secrets` lists the secrets' names and `owner` (secret_owner of the DAG, the run and
+        the job's slot) gives their Variables; a spec handed on by the spec task maps each name to its
         Variable already (`owner` None).
         """
         conf = known_fields(conf, _CONF_FIELDS, source, f"a mapping with {', '.join(_CONF_FIELDS)}")
@@ -136,13 +151,21 @@ class JobSpec:
             spec.load_task({name: "" for name in secrets})
         return spec
 
-    def check_policy(self, policy: ConfPolicy, task: Task, source: str = "the run conf") -> None:
-        """Refuse (SpecError naming the field) an infra, cluster or bucket the deployment's `policy` does not
-        allow. `task`: this spec's task with its secrets' values (load_task), as its nodes will get it: a
-        bucket URI may hold a secret (`s3://team${SUFFIX}`), and the policy judges what is mounted."""
+    def check_policy(
+        self,
+        policy: ConfPolicy,
+        task: Task,
+        source: str = "the run conf",
+        user: str | None = None,
+        user_known: bool = True,
+    ) -> None:
+        """Refuse (SpecError naming the field) an infra, cluster, resource or bucket the deployment's `policy`
+        does not allow to a run triggered by `user` (not `user_known`: task.conf_policy.check_run_conf).
+        `task`: this spec's task with its secrets' values (load_task), as its nodes will get it: a bucket URI
+        may hold a secret (`s3://team${SUFFIX}`), and the policy judges what is mounted."""
         # What a whole secret reference stood for is known now: a secret's value is no way to a worker path.
         check_no_worker_paths(task.to_dict(), source)
-        check_run_conf(policy, task, self.infra, self.cluster_name, self.uploads, source)
+        check_run_conf(policy, task, self.infra, self.cluster_name, self.uploads, source, user, user_known)
 
     def to_run_conf(self) -> dict[str, Any]:
         """The run conf's form: the secrets' names only (their Variables follow from the run id); `uploads`

@@ -2,12 +2,20 @@
 
 Whoever may trigger the managed jobs DAG (the UI, the REST API, `airflow-sky jobs launch`) writes its run
 conf; the deployment's workers act on it with their own files and credentials. So the conf is checked
-against the deployment's policy, from the `[sky]` section of the Airflow config:
+against the deployment's policy, from the `[sky]` section of the Airflow config; unset, each setting is the
+safe default:
 
     managed_infras          infras a run may use: names or globs (`aws`, `aws/us-*`, `ssh/gpu-pool`);
                             default: every infra except `local`, which only a literal `local` allows
-    managed_cluster_names   globs a named cluster must match (default `*`; a run without a name gets its own)
-    managed_buckets         when set, the only buckets (or `bucket/prefix`es) a task may mount
+    managed_cluster_names   shared cluster names (globs) every user may name; default: none. A run names a
+                            cluster of its triggering user's namespace (`<user>--*`: task.cluster_namespace)
+                            or one of these; a run without a name gets its own (64 random bits)
+    managed_buckets         the buckets (or `bucket/prefix`es) a task may mount, `*` for any; default: none
+                            but the run's own uploads in the jobs bucket
+    managed_ports           ports and ranges (`8888, 6006-6010`) a task may open, `*` for any; default: none
+    managed_max_nodes       the most nodes a task may have; default 16
+    managed_instance_types  instance types a task may ask for (globs: `g5.*, n2-standard-*`); default: any
+    managed_accelerators    accelerators a task may ask for (globs on the name: `T4, L4, A10G`); default: any
 
 and, whatever the policy, a conf names no path on the worker: no local workdir, no local file_mounts
 source, no local git URL, no GIT_SSH_KEY_PATH (each would be read by the worker and sent to a node).
@@ -22,12 +30,29 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from airflow_sky.errors import SpecError
+from airflow_sky.task.cluster_namespace import SEPARATOR, in_namespace, user_namespace
 from airflow_sky.task.mounts import is_bucket_uri
+from airflow_sky.task.resource_policy import (
+    check_resources,
+    parse_max_nodes,
+    parse_ports_setting,
+    setting_name,
+)
 from airflow_sky.task.storage import BucketMount, bucket_mounts, default_store, parse_bucket_uri
 from airflow_sky.task.task import Task
 
 LOCAL = "local"
-SETTINGS = ("managed_infras", "managed_cluster_names", "managed_buckets")
+ANY = "*"
+SETTINGS = (
+    "managed_infras",
+    "managed_cluster_names",
+    "managed_buckets",
+    "managed_ports",
+    "managed_max_nodes",
+    "managed_instance_types",
+    "managed_accelerators",
+)
+DEFAULT_MAX_NODES = 16
 _SPLIT = re.compile(r"[\s,]+")
 # Git URLs a node clones from (and the worker asks with ls-remote): http(s), ssh, git, or scp-like host:path.
 _REMOTE_GIT_URL = re.compile(r"^(?:(?:https?|ssh|git)://|(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9.-]+:(?!//))", re.I)
@@ -36,13 +61,18 @@ _KEY_PATH_VARIABLE = "GIT_SSH_KEY_PATH"
 
 @dataclasses.dataclass(frozen=True)
 class ConfPolicy:
-    """The deployment's rules for run confs (see the module's docstring); the defaults are the safe ones."""
+    """The deployment's rules for run confs (see the module's docstring); the defaults are the safe ones.
+    None stands for "any" where a setting may be `*`."""
 
     infras: tuple[str, ...] = ()  # () : every infra but local
-    cluster_names: tuple[str, ...] = ("*",)
-    buckets: tuple[str, ...] | None = None  # None: any bucket the deployment's credentials reach
+    cluster_names: tuple[str, ...] = ()  # shared names (globs); a user's own namespace is always allowed
+    buckets: tuple[str, ...] | None = ()  # () : the run's own uploads only; None: any bucket
     default_store: str | None = None  # `[sky] default_store`: the store of a bucket named without one
     jobs_bucket: str | None = None  # `[sky] jobs_bucket`: there, a run reads its own uploads only
+    ports: tuple[tuple[int, int], ...] | None = ()  # (lo, hi) ranges a task may open; None: any
+    max_nodes: int = DEFAULT_MAX_NODES
+    instance_types: tuple[str, ...] = (ANY,)  # globs
+    accelerators: tuple[str, ...] = (ANY,)  # globs on the accelerator's name
 
     @classmethod
     def from_settings(
@@ -51,22 +81,30 @@ class ConfPolicy:
         default_store: str | None = None,
         jobs_bucket: str | None = None,
     ) -> ConfPolicy:
-        """The policy from the settings `get(name)` reads (None or "" when unset). A bucket that is not a
-        bucket URI raises SpecError naming the setting."""
+        """The policy from the settings `get(name)` reads (None or "" when unset). A bad setting (a bucket
+        that is not a bucket URI, a port that is none) raises SpecError naming the setting."""
         infras = tuple(_items(get("managed_infras")))
-        names = tuple(_items(get("managed_cluster_names"))) or ("*",)
-        buckets_setting = get("managed_buckets")
-        buckets = None
-        if buckets_setting and buckets_setting.strip():
+        buckets_setting = _items(get("managed_buckets"))
+        buckets: tuple[str, ...] | None = ()
+        if ANY in buckets_setting:
+            buckets = None
+        elif buckets_setting:
             setting = setting_name("managed_buckets")
-            buckets = tuple(_allowed_bucket(setting, item).uri for item in _items(buckets_setting))
+            buckets = tuple(_allowed_bucket(setting, item).uri for item in buckets_setting)
         jobs = _allowed_bucket(setting_name("jobs_bucket"), jobs_bucket.strip()).uri if jobs_bucket else None
-        return cls(tuple(i.lower() for i in infras), names, buckets, default_store, jobs)
-
-
-def setting_name(name: str) -> str:
-    """How a setting is named in errors: its Airflow config key and environment variable."""
-    return f"[sky] {name} (AIRFLOW__SKY__{name.upper()})"
+        return cls(
+            infras=tuple(i.lower() for i in infras),
+            cluster_names=tuple(_items(get("managed_cluster_names"))),
+            buckets=buckets,
+            default_store=default_store,
+            jobs_bucket=jobs,
+            ports=parse_ports_setting(setting_name("managed_ports"), _items(get("managed_ports"))),
+            max_nodes=parse_max_nodes(
+                setting_name("managed_max_nodes"), get("managed_max_nodes"), DEFAULT_MAX_NODES
+            ),
+            instance_types=tuple(_items(get("managed_instance_types"))) or (ANY,),
+            accelerators=tuple(_items(get("managed_accelerators"))) or (ANY,),
+        )
 
 
 def _items(value: str | None) -> list[str]:
@@ -158,13 +196,37 @@ def _infra_matches(pattern: str, infra: str) -> bool:
     return infra == pattern or infra.startswith(pattern.rstrip("/") + "/")
 
 
-def cluster_allowed(policy: ConfPolicy, cluster_name: str) -> bool:
-    return any(fnmatch.fnmatchcase(cluster_name, pattern) for pattern in policy.cluster_names)
+def cluster_allowed(policy: ConfPolicy, cluster_name: str, user: str | None) -> bool:
+    """Whether a run triggered by `user` may name `cluster_name`: one of its user's namespace, or a shared
+    name of the deployment."""
+    return in_namespace(cluster_name, user) or any(
+        fnmatch.fnmatchcase(cluster_name, pattern) for pattern in policy.cluster_names
+    )
+
+
+def _cluster_refusal(policy: ConfPolicy, user: str | None, user_known: bool) -> str:
+    """What a run of `user` may name instead."""
+    namespace = user_namespace(user)
+    if not user_known:
+        own = f"name a cluster of your own, <your user>{SEPARATOR}<name> (the namespace of who triggers the run)"
+    elif namespace:
+        own = (
+            f"name a cluster of your own, {namespace}<name> (the namespace of {user}, who triggered the run)"
+        )
+    else:
+        own = "the run has no triggering user, so no namespace of its own"
+    setting = setting_name("managed_cluster_names")
+    shared = (
+        f"or a shared one: {', '.join(policy.cluster_names)} ({setting})"
+        if policy.cluster_names
+        else f"the deployment shares none ({setting} is not set)"
+    )
+    return f"{own}; {shared}; or leave cluster_name out for a cluster of the run's own"
 
 
 def bucket_allowed(policy: ConfPolicy, mount: BucketMount, own: Iterable[str] = ()) -> bool:
     """Whether the task may mount `mount`: in the jobs bucket only below the run's `own` prefixes (its
-    uploads); elsewhere any bucket without an allow-list, else one the list (or `own`) covers. A prefix with
+    uploads); elsewhere one the allow-list (or `own`) covers, any with `*` (None). A prefix with
     `.` or `..` segments is covered by nothing."""
     return _bucket_refusal(policy, mount, tuple(own)) is None
 
@@ -182,7 +244,13 @@ def _bucket_refusal(policy: ConfPolicy, mount: BucketMount, own: tuple[str, ...]
         )
     if policy.buckets is None or any(_covers(allowed, mount.uri) for allowed in (*policy.buckets, *own)):
         return None
-    return f"allowed: {', '.join(policy.buckets)} ({setting_name('managed_buckets')})"
+    setting = setting_name("managed_buckets")
+    if not policy.buckets:
+        return (
+            f"a run mounts only its own uploads on this deployment ({setting} is not set: it lists the buckets "
+            "runs may mount, or * for any)"
+        )
+    return f"allowed: {', '.join(policy.buckets)} ({setting})"
 
 
 def _covers(allowed: str, uri: str) -> bool:
@@ -206,20 +274,28 @@ def check_run_conf(
     cluster_name: str | None,
     uploads: str | None,
     source: str,
+    user: str | None = None,
+    user_known: bool = True,
 ) -> None:
     """Refuse (SpecError, one line naming the field) what the deployment's policy does not allow: the infra
-    (and every infra the task's resources name), the cluster name, and the task's buckets."""
+    (and every infra the task's resources name), the cluster name (`user`: who triggered the run; not
+    `user_known`, as on a launching machine with a token: a name in some user's namespace passes, for the
+    deployment to judge), the task's node count, ports, instance types and accelerators, and its buckets."""
     for field, value in [("infra", infra)] + [
         ("task.resources.infra", c.infra) for c in task.resources.candidates() if c.infra
     ]:
         if not infra_allowed(policy, value):
             raise SpecError(f"{source}: {field}: {value} is not allowed here; {_allowed_infras(policy)}")
-    if cluster_name is not None and not cluster_allowed(policy, cluster_name):
+    if (
+        cluster_name is not None
+        and not cluster_allowed(policy, cluster_name, user)
+        and (user_known or SEPARATOR not in cluster_name[1:])
+    ):
         raise SpecError(
-            f"{source}: cluster_name: {cluster_name} is not allowed here; names must match "
-            f"{', '.join(policy.cluster_names)} ({setting_name('managed_cluster_names')}), or leave it out "
-            "for a cluster of the run's own"
+            f"{source}: cluster_name: {cluster_name} is not allowed here; "
+            f"{_cluster_refusal(policy, user, user_known)}"
         )
+    check_resources(task, policy.ports, policy.max_nodes, policy.instance_types, policy.accelerators, source)
     if policy.buckets is None and policy.jobs_bucket is None:
         return
     own = (uploads,) if uploads else ()

@@ -24,6 +24,7 @@ from airflow_sky.client.cli import main
 from airflow_sky.client.cli.cluster_jobs import failure_of
 from airflow_sky.client.cli.managed_jobs import queue_table
 from airflow_sky.client.managed_jobs import ManagedJob
+from airflow_sky.task.conf_policy import SETTINGS
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -172,8 +173,8 @@ def airflow_with(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 @pytest.fixture
 def task_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("AIRFLOW_SKY_HOME", str(tmp_path / "sky"))
-    for name in ("MANAGED_INFRAS", "MANAGED_CLUSTER_NAMES", "MANAGED_BUCKETS"):
-        monkeypatch.delenv(f"AIRFLOW__SKY__{name}", raising=False)
+    for name in SETTINGS:
+        monkeypatch.delenv(f"AIRFLOW__SKY__{name.upper()}", raising=False)
     (tmp_path / "task.yaml").write_text("name: t\nrun: echo hi\n")
     return tmp_path / "task.yaml"
 

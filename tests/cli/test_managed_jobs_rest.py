@@ -122,7 +122,11 @@ def test_jobs_launch_runs_the_deployments_policy_from_its_environment_first_and_
     ):
         if refusal is None:  # the cluster names too
             env["AIRFLOW__SKY__MANAGED_CLUSTER_NAMES"] = "dev-*"
-            refusal = "cluster_name: prod is not allowed here; names must match dev-*"
+            # A token names no user here: a name in no user's namespace and no shared one is refused all
+            # the same, naming the shared ones.
+            refusal = (
+                "cluster_name: prod is not allowed here; name a cluster of your own, <your user>--<name>"
+            )
         done = subprocess.run(
             [*CLI, "jobs", "launch", str(tmp_path / "task.yaml"), "-y", "-d", *extra],
             env=env,
@@ -134,4 +138,5 @@ def test_jobs_launch_runs_the_deployments_policy_from_its_environment_first_and_
         assert done.returncode == 2, done.stdout + done.stderr
         (line,) = done.stderr.strip().splitlines()  # one line, no traceback
         assert line.startswith(f"airflow-sky: error: the run conf: {refusal}"), line
+        assert extra == [] or "or a shared one: dev-* ([sky] managed_cluster_names" in line, line
     assert paths == []  # nothing reached the API

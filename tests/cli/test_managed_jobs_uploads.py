@@ -22,7 +22,7 @@ from airflow_sky.client.cli.managed_jobs import UploadProgressBar
 from airflow_sky.client.jobs_bucket import jobs_bucket_config
 from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.node import rclone
-from airflow_sky.operators.job_spec import JobSpec
+from airflow_sky.operators.job_spec import JobSpec, secret_owner, secret_variable_key
 from airflow_sky.task import Task
 from airflow_sky.task.storage import bucket_mounts
 from tests.s3server import S3Server
@@ -164,7 +164,9 @@ def test_launch_uploads_the_local_files_and_submits_a_task_that_copies_them(s3, 
     assert [path for _, path, _ in api.requests] == ["/variables", "/dags/airflow_sky_jobs/dagRuns"]
 
     # What each node's rclone does with the submitted task's mounts: files land where the task said.
-    deployed = JobSpec.from_conf(conf, owner=job_id).load_task({"TOKEN": "t0k3n-value"})  # as the spec task
+    deployed = JobSpec.from_conf(conf, owner=secret_owner("airflow_sky_jobs", job_id)).load_task(
+        {"TOKEN": "t0k3n-value"}
+    )  # as the spec task
     home = _attach(s3, deployed, tmp_path / "node-home")
     assert (home / "sky_workdir" / "train.py").read_text() == "print('training')\n"
     assert (home / "sky_workdir" / "pkg" / "model.py").read_text() == "WEIGHTS = 3\n"
@@ -218,7 +220,8 @@ def test_a_refused_run_leaves_no_uploaded_file_behind(s3, jobs_env, tmp_path):
     (job_id,) = [json["dag_run_id"] for _, path, json in api.requests if path.endswith("/dagRuns")]
     assert progress.events[-1][0] == "finished"  # uploaded before the run was refused, then removed
     assert _keys(s3, f"uploads/{job_id}/") == []
-    assert api.requests[-1][:2] == ("DELETE", f"/variables/airflow_sky_secret__{job_id}__TOKEN")
+    key = secret_variable_key(secret_owner("airflow_sky_jobs", job_id), "TOKEN")
+    assert api.requests[-1][:2] == ("DELETE", f"/variables/{key}")
 
 
 def test_declining_the_confirmation_uploads_and_submits_nothing(s3, jobs_env, tmp_path):

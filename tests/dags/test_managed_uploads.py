@@ -77,6 +77,7 @@ def _run(
         "AIRFLOW_CONN_SKY_NODES_AWS": s3.connection,  # local nodes' bucket credentials (node.credentials)
         "AIRFLOW__SKY__JOBS_BUCKET": JOBS_BUCKET,
         "AIRFLOW__SKY__MANAGED_INFRAS": "local",  # the deployment opts in to running confs on local nodes
+        "AIRFLOW__SKY__MANAGED_CLUSTER_NAMES": "mupl-c, mbad-c",  # and shares these cluster names
     }
     done = subprocess.run(
         [sys.executable, str(dags / "airflow_sky_jobs.py"), when.isoformat(), json.dumps(conf)],

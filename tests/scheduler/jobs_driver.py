@@ -391,6 +391,9 @@ def main(config_path: str, report_path: str) -> int:
             "AIRFLOW__SKY__JOBS_BUCKET": f"s3://{JOBS_BUCKET}/{JOBS_PREFIX}",
             # These jobs run on local nodes: the deployment opts in (the default refuses local in a conf).
             "AIRFLOW__SKY__MANAGED_INFRAS": "local",
+            # The clusters the CLI names (`-c managed-train`), and the bucket a task mounts besides its uploads.
+            "AIRFLOW__SKY__MANAGED_CLUSTER_NAMES": "managed-*",
+            "AIRFLOW__SKY__MANAGED_BUCKETS": "s3://inputs",
         }
     )
     with log.open("wb") as out:

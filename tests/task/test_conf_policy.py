@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from airflow_sky.errors import SpecError
-from airflow_sky.operators.job_spec import JobSpec
+from airflow_sky.operators.job_spec import JobSpec, secret_owner
 from airflow_sky.task import Task
 from airflow_sky.task.conf_policy import (
     ConfPolicy,
@@ -19,6 +19,7 @@ from airflow_sky.task.conf_policy import (
 from airflow_sky.task.storage import parse_bucket_uri
 
 DEFAULT = ConfPolicy()
+OWNER = secret_owner("airflow_sky_jobs", "r")
 
 
 def _policy(**settings: str) -> ConfPolicy:
@@ -31,7 +32,7 @@ def _conf(task: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
 
 def _checked(conf: dict[str, Any], policy: ConfPolicy, secrets: dict[str, str] | None = None) -> JobSpec:
     """What the spec task does: the conf checked, its task loaded with the secrets' values, the policy."""
-    spec = JobSpec.from_conf(conf, owner="r")
+    spec = JobSpec.from_conf(conf, owner=OWNER)
     spec.check_policy(policy, spec.load_task(secrets or {}))
     return spec
 
@@ -68,11 +69,19 @@ def test_an_infra_list_allows_its_names_what_is_below_them_and_glob_matches():
         assert not infra_allowed(policy, refused), refused
 
 
-def test_cluster_names_must_match_a_pattern_the_default_takes_any():
-    assert cluster_allowed(DEFAULT, "anything-at-all")
+def test_a_cluster_name_is_the_triggering_users_own_or_a_shared_one_the_default_shares_none():
+    assert cluster_allowed(DEFAULT, "alice--dev", "alice")
+    assert not cluster_allowed(DEFAULT, "anything-at-all", "alice")
+    assert not cluster_allowed(DEFAULT, "bob--dev", "alice") and not cluster_allowed(
+        DEFAULT, "alice--", "alice"
+    )
+    assert not cluster_allowed(DEFAULT, "alice--dev", None)  # a run nobody triggered has no namespace
     policy = _policy(managed_cluster_names="team-a-*, shared-dev")
-    assert cluster_allowed(policy, "team-a-train") and cluster_allowed(policy, "shared-dev")
-    assert not cluster_allowed(policy, "team-b-train") and not cluster_allowed(policy, "shared-dev2")
+    assert cluster_allowed(policy, "team-a-train", "bob") and cluster_allowed(policy, "shared-dev", None)
+    assert not cluster_allowed(policy, "team-b-train", "bob") and not cluster_allowed(
+        policy, "shared-dev2", "bob"
+    )
+    assert cluster_allowed(policy, "bob--x", "bob")  # the shared names add to the user's own
 
 
 def test_a_bucket_allow_list_covers_its_buckets_and_prefixes_at_a_segment_boundary():
@@ -88,11 +97,13 @@ def test_a_bucket_allow_list_covers_its_buckets_and_prefixes_at_a_segment_bounda
     assert not allowed("s3://team-b-data") and not allowed("gs://team-a-data")
     assert not allowed("gs://shared/datasets/../secrets") and not allowed("gs://shared/datasets/./x")
     assert allowed("s3://jobs/uploads/run-1/workdir", own=("s3://jobs/uploads/run-1",))
-    assert bucket_allowed(DEFAULT, parse_bucket_uri("x", "s3://anything"))  # no list: any bucket
+    assert not bucket_allowed(DEFAULT, parse_bucket_uri("x", "s3://anything"))  # no list: none
+    assert bucket_allowed(DEFAULT, parse_bucket_uri("x", "s3://jobs/run-1/x"), ("s3://jobs/run-1",))
+    assert bucket_allowed(_policy(managed_buckets="*"), parse_bucket_uri("x", "s3://anything"))
 
 
 def test_in_the_jobs_bucket_a_run_mounts_only_its_own_uploads():
-    policy = _policy(jobs_bucket="s3://sky-jobs/uploads")
+    policy = _policy(jobs_bucket="s3://sky-jobs/uploads", managed_buckets="*")
     own = ("s3://sky-jobs/uploads/run-1",)
     for uri in ("s3://sky-jobs/uploads/run-2/workdir", "s3://sky-jobs/uploads", "s3://sky-jobs"):
         assert not bucket_allowed(policy, parse_bucket_uri("x", uri), own), uri
@@ -127,7 +138,7 @@ def test_every_path_on_the_worker_is_found_and_from_conf_refuses_it_whatever_the
     assert [f.split(" ")[0] for f in worker_paths(task)] == [field]
     # Refused while the conf is read, before any policy is asked.
     with pytest.raises(SpecError, match=rf"^the run conf: task\.{field}\b.*path on the Airflow worker"):
-        JobSpec.from_conf(_conf({**task, "run": "true"}), owner="run-1")
+        JobSpec.from_conf(_conf({**task, "run": "true"}), owner=OWNER)
 
 
 @pytest.mark.parametrize(
@@ -215,7 +226,7 @@ def test_buckets_are_judged_with_the_secrets_values_the_nodes_will_mount():
 def test_a_whole_secret_as_a_source_is_judged_by_the_value_the_run_reads():
     # `jobs launch` sends `/data: $BUCKET` (BUCKET a secret) as ${BUCKET}: nothing to judge until the run
     # reads the secret's Variable, and a Variable holding a worker path is refused then.
-    policy = _policy(managed_infras="aws")
+    policy = _policy(managed_infras="aws", managed_buckets="s3://team-a")
     conf = _conf(
         {"run": "true", "file_mounts": {"/data": "${BUCKET}"}, "workdir": {"url": "${REPO}"}}, infra="aws"
     )
@@ -228,7 +239,7 @@ def test_a_whole_secret_as_a_source_is_judged_by_the_value_the_run_reads():
         _checked(conf, policy, {**good, "REPO": "/home/airflow/repo"})
     # A reference to something that is not a secret stays what it is: a path on the worker.
     with pytest.raises(SpecError, match=r"task\.file_mounts\./data"):
-        JobSpec.from_conf({**conf, "secrets": ["REPO"]}, owner="r")
+        JobSpec.from_conf({**conf, "secrets": ["REPO"]}, owner=OWNER)
 
 
 def test_a_confs_cluster_name_is_the_name_the_cluster_gets_once_read():
