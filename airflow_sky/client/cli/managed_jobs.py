@@ -36,7 +36,11 @@ def register(subparsers: Any) -> None:
 
     launch = commands.add_parser("launch", help="submit a task YAML as a managed job and follow its logs")
     launch.add_argument("file", metavar="FILE.yaml", help="the task YAML")
-    launch.add_argument("-c", "--cluster", help="cluster name (default: one per job)")
+    launch.add_argument(
+        "-c",
+        "--cluster",
+        help="cluster name: <your user>--<name>, or one the deployment shares (default: one per job)",
+    )
     launch.add_argument("-n", "--name", help="override the task's name")
     launch.add_argument("--keep", action="store_true", help="keep the cluster after the job (default: down)")
     launch.add_argument("-d", "--detach", action="store_true", help="print the job id and return")
