@@ -85,8 +85,9 @@ def launch(
         if num_nodes < 1:
             raise SpecError(f"num_nodes: must be an integer >= 1, got {num_nodes}")
         tasks[0].num_nodes = num_nodes
-    # 64 random bits: nobody guesses the id, and with it the Variables, of a run about to be submitted.
-    run_id = f"sky-job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{random.token_hex(8)}"
+    # The Variables are created before the run: whoever made a run of this id first would read them. The
+    # second and 24 random bits make that a guess of one in 16 million per try, each a REST request.
+    run_id = f"sky-job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{random.token_hex(3)}"
     bucket = _jobs_bucket_for(tasks, pipeline)
     run_uri = bucket.bucket.run_uri(run_id) if bucket is not None else None
     uploads: list[LocalUpload] = []
