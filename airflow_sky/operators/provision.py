@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,12 +21,13 @@ _CLOSING_ATTEMPTS = 3  # provisions of a cluster that another run's teardown end
 
 
 def default_cluster_name(dag_id: str, run_id: str, job: str | None = None) -> str:
-    """One cluster per DAG run, so overlapping runs never share nodes: `<dag>-<hash of run id>`; a job of a
-    pipeline gets one of its own: `<dag>-<job>-<hash of run id>`."""
-    digest = hashlib.sha1(run_id.encode()).hexdigest()[:6]
+    """One cluster per DAG run, so overlapping runs never share nodes: `<dag>-<hash of dag and run id>`; a
+    job of a pipeline gets one of its own: `<dag>-<job>-<hash>`. The hash keeps 64 bits: whoever may trigger
+    the DAG chooses the run id, and must not be able to pick one whose cluster is another run's."""
+    digest = hashlib.sha256(json.dumps([dag_id, run_id]).encode()).hexdigest()[:16]
     if job is None:
-        return sanitize_cluster_name(f"{dag_id[:28]}-{digest}")
-    return sanitize_cluster_name(f"{dag_id[:16]}-{job[:16]}-{digest}")
+        return sanitize_cluster_name(f"{dag_id[:23]}-{digest}")
+    return sanitize_cluster_name(f"{dag_id[:12]}-{job[:10]}-{digest}")
 
 
 @dataclasses.dataclass(frozen=True)
