@@ -56,6 +56,25 @@ def moto_image(endpoint: str, region: str = REGION) -> str:
     return str(boto("ec2", endpoint, region).describe_images()["Images"][0]["ImageId"])
 
 
+def moto_connection(endpoint: str, ssh_key_file: str) -> dict[str, Any]:
+    """An aws connection to moto whose SSH key is `ssh_key_file`, with a state table of its own."""
+    return {
+        "conn_type": "aws",
+        "login": "testing",
+        "password": "testing",
+        "extra": {
+            "region_name": REGION,
+            "endpoint_url": endpoint,
+            "airflow_sky": {
+                "ssh_key_file": ssh_key_file,
+                "ssh_cidr": "10.0.0.0/8",
+                "state_table": f"sky-state-{uuid.uuid4().hex[:6]}",
+                "regions": [REGION],
+            },
+        },
+    }
+
+
 @pytest.fixture(scope="module")
 def play(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The module's play nodes (PLAY_NODES, default 6) and the aws_default connection that reaches them.
@@ -64,21 +83,7 @@ def play(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     imports is that key's public half, and the play nodes accept it, as instances launched with it would.
     """
     with play_cluster(tmp_path_factory.mktemp("aws-play"), "awsplay") as play:
-        conn = {
-            "conn_type": "aws",
-            "login": "testing",
-            "password": "testing",
-            "extra": {
-                "region_name": REGION,
-                "endpoint_url": moto_endpoint,
-                "airflow_sky": {
-                    "ssh_key_file": play["key"],
-                    "ssh_cidr": "10.0.0.0/8",
-                    "state_table": f"sky-state-{uuid.uuid4().hex[:6]}",
-                    "regions": [REGION],
-                },
-            },
-        }
+        conn = moto_connection(moto_endpoint, play["key"])
         env = {
             "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(conn),
             ENDPOINT_RESOLVER_ENV: "tests.play_nodes:resolve",

@@ -128,9 +128,9 @@ def test_the_key_pair_and_security_group_are_made_once_and_open_ssh_to_the_cidr_
         (key_name,) = used
         assert len(set(key_pairs()) - before) <= 1
         assert key_pairs().count(key_name) == 1
-        (group,) = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["airflow-sky"]}])[
-            "SecurityGroups"
-        ]
+        (group,) = ec2.describe_security_groups(
+            Filters=[{"Name": "group-name", "Values": [f"airflow-sky-{cluster}-nodes"]}]
+        )["SecurityGroups"]  # the cluster's own (tests/aws/test_aws_network_isolation.py)
         rules = group["IpPermissions"]
         ssh = [r for r in rules if r.get("FromPort") == 22]
         assert [r["CidrIp"] for r in ssh[0]["IpRanges"]] == ["10.0.0.0/8"]
@@ -180,6 +180,7 @@ _ANY_LAUNCH = {
         "InstanceInitiatedShutdownBehavior",
         "TagSpecifications",
         "MetadataOptions",
+        "UserData",
     )
 }
 _ANY_NIC = {"DeviceIndex": 0, "Groups": ANY, "AssociatePublicIpAddress": ANY}

@@ -68,13 +68,13 @@ def test_ports_open_exactly_those_on_the_clusters_own_group_and_teardown_removes
 
     (group,) = _ports_group(moto_endpoint, cluster)
     assert _opened(group) == [("tcp", 6006, 6006, ["0.0.0.0/0"]), ("tcp", 8265, 8265, ["0.0.0.0/0"])]
-    # every node's interface is in it (and in the shared group, which opens no port of a task)
+    # every node's interface is in it (and in the cluster's nodes group, which opens no port of a task)
     for instance in _instances(moto_endpoint, cluster):
         assert group["GroupId"] in _groups_of(instance)
-    (shared,) = boto("ec2", moto_endpoint).describe_security_groups(
-        Filters=[{"Name": "group-name", "Values": ["airflow-sky"]}]
+    (nodes,) = boto("ec2", moto_endpoint).describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [cluster_network.nodes_group_name(cluster)]}]
     )["SecurityGroups"]
-    assert not [r for r in shared["IpPermissions"] if r.get("FromPort") in (6006, 8265)]
+    assert not [r for r in nodes["IpPermissions"] if r.get("FromPort") in (6006, 8265)]
     # any worker reads them back from the cluster's record (what `status --endpoints` lists)
     assert MotoAwsCloud(REGION).opened_ports(cluster) == ("6006", "8265")
 

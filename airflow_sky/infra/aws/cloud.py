@@ -3,10 +3,11 @@
 `infra: aws` lets the optimizer choose region, zone and instance type (cheapest first); `aws/<region>` or
 `aws/<region>/<zone>` pins it. Provisioning, in one placement (zone, instance type, spot or not):
 
-1. the key pair (the connection's SSH key), the security group (SSH in from `ssh_cidr`, everything between
-   members) and the zone's subnet of the default VPC, each found or created once;
-2. the cluster's own network, recorded in its record (owned_network.py): with `network_tier: best` a
-   cluster placement group and EFA interfaces, with `ports` a security group of exactly those ports;
+1. the key pair (the connection's SSH key) and the zone's subnet of the default VPC, found or created once;
+2. the cluster's own network, recorded in its record (owned_network.py): its nodes' security group (SSH in
+   from `ssh_cidr`, everything between the cluster's own nodes and nothing from another cluster's), with
+   `network_tier: best` a cluster placement group and EFA interfaces, with `ports` a security group of
+   exactly those ports;
 3. one `run_instances` for all the missing ranks with a ClientToken derived from the request (a retried
    provision gets the same instances back) and the cluster's tags; rank tags by launch index (launcher.py);
 4. waits, each with a deadline, for `running`, for the host key and for SSH;
@@ -15,8 +16,9 @@
    `retry_until_up` starts the list again, with backoff.
 
 The skeleton of a provision (stopped nodes, missing ranks, failover, waiting) is infra/provisioner.py's;
-this driver supplies its EC2 primitives. Host keys are pinned from the serial console or at a verified
-first contact (pinning.py); the tag `airflow-sky-host-key-source` says which.
+this driver supplies its EC2 primitives. Host keys are known before first contact: each launch hands its
+instances a host key it made, through their user data (pinning.py); the tag `airflow-sky-host-key-source`
+says where a pinned key came from.
 
 Where the cluster lives (region, zone) when `infra` does not say is recorded in the state table, beside
 the job records (placement.py); membership itself is only ever read from EC2 (members.py). The connection's
@@ -47,7 +49,8 @@ from airflow_sky.task import Resources
 log = logging.getLogger(__name__)
 
 # For emulators only (moto plays EC2 but its instances are not machines): "module:function" taking
-# (instance_id) and returning {"host", "port", "user", "internal_ip", "host_key"} of a machine that plays it.
+# (instance_id) and returning {"host", "port", "user", "internal_ip", "host_key"} of a machine that plays it
+# (without "host_key": the machine holds the key its launch handed it, as an instance would).
 ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_AWS_ENDPOINT_RESOLVER"
 
 
@@ -55,7 +58,7 @@ class AwsCloud(AwsLauncher):
     name = "aws"
     # Where the default image of each architecture is published (SSM parameters, one value per region).
     image_parameters = network.DEFAULT_IMAGE_PARAMETERS
-    console_timeout_s = 300.0  # for cloud-init to print the host keys; then the first contact's key
+    console_timeout_s = 300.0  # for cloud-init to print the host keys of an instance its launch did not key
 
     def __init__(self, location: str = "", conn_id: str | None = None) -> None:
         super().__init__(conn_id)
@@ -152,10 +155,8 @@ class AwsCloud(AwsLauncher):
                 region,
                 zone_name,
                 public_key_of(s.ssh_key_file),
-                s.security_group,
-                s.ssh_cidr,
+                owned.security_groups,
                 not s.use_private_ip,
-                extra_groups=[owned.ports_group] if owned.ports_group else [],
                 efa_type=owned.efa_type,
             )
             ids = self._launch_or_adopt(order, placement, placed, image, root_device, disk, owned)
@@ -165,7 +166,9 @@ class AwsCloud(AwsLauncher):
             except BaseException:
                 self._end(region, ids)
                 raise
-        except BaseException:
+        except Exception:
+            # Not when the process is being stopped (SystemExit, KeyboardInterrupt): it would wait minutes for
+            # EC2 to let go of the groups; the cluster's record names them for its teardown.
             self._release_after_failure(cluster, region, owned, ids)
             raise
         return ids
@@ -175,8 +178,9 @@ class AwsCloud(AwsLauncher):
         ec2 = self._client("ec2", region)
         by_id = self._wait_running(cluster, region, ids)
         for instance_id, member in by_id.items():
-            if member.host_key is None:
-                key, source = self._learn_host_key(ec2, member)
+            learned = self._host_key_to_pin(ec2, member)
+            if learned is not None:
+                key, source = learned
                 ec2.create_tags(
                     Resources=[instance_id],
                     Tags=[
@@ -211,26 +215,25 @@ class AwsCloud(AwsLauncher):
                 )
             time.sleep(self.poll_s)
 
-    def _learn_host_key(self, ec2: Any, member: Member) -> tuple[str, str]:
-        """The instance's SSH host key and where it was learned: console, first-contact (or emulator)."""
-        endpoint = self._endpoint(member)
+    def _host_key_to_pin(self, ec2: Any, member: Member) -> tuple[str, str] | None:
+        """The instance's SSH host key and where it was learned (console, console-fingerprint), or None
+        when its launch pinned it already (user-data). An emulator's machine that presents a key of its
+        own (its resolver names it) is pinned with that key instead (emulator)."""
         if self._resolver is not None:
-            if not endpoint.host_key:
-                raise ClusterError(f"aws: the endpoint resolver gave no host key for {member.instance_id}")
-            return endpoint.host_key, "emulator"
-        key = pinning.console_host_key(ec2, member.instance_id, self.console_timeout_s, self.poll_s)
+            played = self._endpoint(member).host_key
+            if played and played != member.host_key:
+                return played, "emulator"
+        if member.host_key is not None:
+            return None
+        key, fingerprints = pinning.console_host_keys(
+            ec2, member.instance_id, self.console_timeout_s, self.poll_s
+        )
         if key:
             return key, "console"
-        key_file = self.settings.ssh_key_file
+        endpoint = self._endpoint(member)
         return pinning.first_contact_key(
-            member.instance_id,
-            endpoint.host,
-            endpoint.port,
-            endpoint.user,
-            key_file,
-            self.ssh_timeout_s,
-            self.poll_s,
-        ), "first-contact"
+            member.instance_id, endpoint.host, endpoint.port, fingerprints, self.ssh_timeout_s, self.poll_s
+        ), "console-fingerprint"
 
     # ---- replacing and ending ------------------------------------------------------------------------
 
@@ -308,9 +311,11 @@ class AwsCloud(AwsLauncher):
                 log.info("aws: %s: terminating %d instance(s) in %s", cluster_name, len(alive), region)
                 self._end(region, alive)
         recorded = self._placement(cluster_name)
-        if recorded is not None:
-            # Its placement group and ports group, once its instances are gone (the ports close at once).
-            self._release_network(cluster_name, recorded.region)
+        # Its groups, once its instances are gone (the ports close at once); without a record, the nodes
+        # group is found by its tags in each region the cluster had instances in.
+        for region in [recorded.region] if recorded is not None else regions:
+            assert region is not None
+            self._release_network(cluster_name, region)
         self._store(cluster_name).delete_all()
 
     def _all_regions(self, cluster_name: str) -> list[str]:

@@ -1,10 +1,14 @@
-"""What a cluster owns in EC2 besides its instances: a cluster placement group (`network_tier: best`) and a
-security group holding exactly the task's `ports` (each found by its name, made once, removed at teardown).
+"""What a cluster owns in EC2 besides its instances: its nodes' security group, a cluster placement group
+(`network_tier: best`) and a security group holding exactly the task's `ports` (each found, made once,
+removed at teardown).
 
-Both are named after the cluster (`airflow-sky-<cluster>`, `airflow-sky-<cluster>-ports`) and recorded in
-the cluster's record, so teardown (and a provision that failed half-way) knows what to remove. The ports
-group sits beside the shared group on each node's primary interface: the shared group (SSH, members)
-stays the same for every cluster, and the ports of one cluster never open another's nodes.
+The nodes group (`airflow-sky-<cluster>-nodes`, found by the cluster's tags) is the only group that lets
+traffic in from other nodes, and only from its own members: SSH from `ssh_cidr`, everything from the nodes
+of the same cluster (NCCL, Ray, torchrun, EFA). Another cluster's nodes are not members, so they reach a
+node only where a CIDR rule admits their address (SSH from `ssh_cidr`, the ports from `port_sources`).
+The placement and ports groups are named after the cluster (`airflow-sky-<cluster>`,
+`airflow-sky-<cluster>-ports`); all three are recorded in the cluster's record, so teardown (and a
+provision that failed half-way) knows what to remove.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from airflow_sky.errors import ClusterError
-from airflow_sky.infra.aws.instances import error_code
+from airflow_sky.infra.aws.instances import TAG_CLUSTER, error_code
 
 log = logging.getLogger(__name__)
 
 _TAG = [{"Key": "airflow-sky", "Value": "cluster"}]
+NODES_ROLE = "cluster-nodes"  # the `airflow-sky` tag's value on a cluster's nodes group
 
 
 def placement_group_name(cluster: str) -> str:
@@ -31,6 +36,76 @@ def placement_group_name(cluster: str) -> str:
 
 def ports_group_name(cluster: str) -> str:
     return f"airflow-sky-{cluster}-ports"
+
+
+def nodes_group_name(cluster: str) -> str:
+    # `-nodes` where the ports group has `-ports`: no cluster's name makes one the other's.
+    return f"airflow-sky-{cluster}-nodes"
+
+
+def nodes_group_tags(cluster: str) -> list[dict[str, str]]:
+    return [{"Key": "airflow-sky", "Value": NODES_ROLE}, {"Key": TAG_CLUSTER, "Value": cluster}]
+
+
+def find_nodes_group(ec2: Any, vpc_id: str | None, cluster: str) -> str | None:
+    """The cluster's nodes group, found by its tags (in `vpc_id`, or in any VPC of the region)."""
+    filters = [{"Name": f"tag:{t['Key']}", "Values": [t["Value"]]} for t in nodes_group_tags(cluster)]
+    if vpc_id is not None:
+        filters.append({"Name": "vpc-id", "Values": [vpc_id]})
+    found = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+    return str(found[0]["GroupId"]) if found else None
+
+
+def ensure_nodes_group(ec2: Any, vpc_id: str, cluster: str, ssh_cidr: str) -> tuple[str, bool]:
+    """The cluster's nodes group with its rules (SSH from `ssh_cidr`, all traffic in from and out to its
+    own members: EFA asks for both in so many words); (id, made). Safe for racing provisioners."""
+    group_id, made = find_nodes_group(ec2, vpc_id, cluster), False
+    if group_id is None:
+        try:
+            group_id = str(
+                ec2.create_security_group(
+                    GroupName=nodes_group_name(cluster),
+                    Description=f"airflow-sky cluster {cluster}: SSH in, all traffic between its own nodes",
+                    VpcId=vpc_id,
+                    TagSpecifications=[{"ResourceType": "security-group", "Tags": nodes_group_tags(cluster)}],
+                )["GroupId"]
+            )
+            made = True
+        except ClientError as e:
+            if error_code(e) != "InvalidGroup.Duplicate":  # another provision of the cluster made it first
+                raise ClusterError(
+                    f"aws: cannot create the nodes group of {cluster}: {error_code(e) or e}"
+                ) from e
+            return ensure_nodes_group(ec2, vpc_id, cluster, ssh_cidr)
+    (group,) = ec2.describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
+    members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
+    ssh = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": ssh_cidr}]}
+    for rule, egress in ((ssh, False), (members, False), (members, True)):
+        allow(ec2, group, rule, egress)
+    if made:
+        log.info("aws: %s: created its nodes group %s", cluster, group_id)
+    return group_id, made
+
+
+def allow(ec2: Any, group: dict[str, Any], rule: dict[str, Any], egress: bool = False) -> None:
+    """Authorize `rule` (one CIDR block or one group) on `group` unless a rule of the group holds it."""
+    for existing in group.get("IpPermissionsEgress" if egress else "IpPermissions", []):
+        if existing.get("IpProtocol") != rule["IpProtocol"] or (
+            rule["IpProtocol"] != "-1" and existing.get("FromPort") != rule.get("FromPort")
+        ):
+            continue
+        cidrs = [r.get("CidrIp") for r in existing.get("IpRanges", [])]
+        groups = [p.get("GroupId") for p in existing.get("UserIdGroupPairs", [])]
+        if "IpRanges" in rule and rule["IpRanges"][0]["CidrIp"] in cidrs:
+            return
+        if "UserIdGroupPairs" in rule and rule["UserIdGroupPairs"][0]["GroupId"] in groups:
+            return
+    authorize = ec2.authorize_security_group_egress if egress else ec2.authorize_security_group_ingress
+    try:
+        authorize(GroupId=group["GroupId"], IpPermissions=[rule])
+    except ClientError as e:
+        if error_code(e) != "InvalidPermission.Duplicate":
+            raise
 
 
 def ensure_placement_group(ec2: Any, name: str) -> bool:
@@ -145,7 +220,7 @@ def close_ports(ec2: Any, group_id: str) -> None:
         ec2.revoke_security_group_ingress(GroupId=group_id, IpPermissions=rules)
 
 
-def delete_ports_group(ec2: Any, group_id: str) -> None:
+def delete_group(ec2: Any, group_id: str) -> None:
     _unless_gone(lambda: ec2.delete_security_group(GroupId=group_id), "InvalidGroup.NotFound")
 
 

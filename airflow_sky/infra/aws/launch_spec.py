@@ -74,6 +74,14 @@ def cluster_tag(cluster: str) -> dict[str, str]:
     return {"Key": instances.TAG_CLUSTER, "Value": cluster}
 
 
+def host_key_tags(public_key: str) -> list[dict[str, str]]:
+    """The host key the launch hands its instances (pinning.py), pinned from the start."""
+    return [
+        {"Key": instances.TAG_HOST_KEY, "Value": public_key},
+        {"Key": instances.TAG_HOST_KEY_SOURCE, "Value": "user-data"},
+    ]
+
+
 def rank_tags(cluster: str, rank: int) -> list[dict[str, str]]:
     return [{"Key": instances.TAG_RANK, "Value": str(rank)}, {"Key": "Name", "Value": f"{cluster}-{rank}"}]
 
@@ -94,7 +102,9 @@ def run_instances_args(
     iam_instance_profile: str | None,
     disk_tier: str | None = None,
     placement_group: str | None = None,
+    user_data: str | None = None,
 ) -> dict[str, Any]:
+    """`user_data`: the cloud-config that installs the launch's host key (pinning.py); a secret."""
     args: dict[str, Any] = {
         "ImageId": image,
         "InstanceType": instance_type,
@@ -116,6 +126,8 @@ def run_instances_args(
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         **network,  # the key pair and the interface (subnet, security group): network.launch_network
     }
+    if user_data is not None:
+        args["UserData"] = user_data  # boto3 encodes it (base64)
     if placement_group:
         args["Placement"] = {"GroupName": placement_group}  # `network_tier: best`: close together
     if iam_instance_profile:

@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from airflow_sky.errors import ClusterError
-from airflow_sky.infra.aws import instances, launch_spec
+from airflow_sky.infra.aws import instances, launch_spec, pinning
 from airflow_sky.infra.aws.owned_network import AwsOwnedNetwork, OwnedNetwork, interface_note
 from airflow_sky.infra.aws.placement import Placement
 from airflow_sky.infra.provisioner import LaunchOrder
@@ -56,13 +56,16 @@ class AwsLauncher(AwsOwnedNetwork):
             note = interface_note(owned.efa_type, not self.settings.use_private_ip)
             extra = f" in placement group {owned.placement_group}, {note}"
         log.info("aws: %s: launching %d x %s%s", cluster, len(ranks), placement.label, extra)
+        host_key = pinning.new_host_key()  # known before first contact: see pinning.py
+        tags = launch_spec.launch_tags(cluster, ranks, token, request.job_name, resources.labels)
         args = launch_spec.run_instances_args(
             count=len(ranks),
             instance_type=placement.instance_type,
             use_spot=placement.use_spot,
             image=image,
             root_device=root_device,
-            tags=launch_spec.launch_tags(cluster, ranks, token, request.job_name, resources.labels),
+            tags=[*tags, *launch_spec.host_key_tags(host_key.public)],
+            user_data=pinning.user_data(host_key),
             volume_tags=launch_spec.volume_tags(cluster, resources.labels),
             disk_size=disk,
             disk_tier=resources.disk_tier,

@@ -1,14 +1,16 @@
-"""What an instance needs around it in a region: the key pair, the security group, a subnet, the image.
+"""What an instance needs around it in a region: the key pair, a subnet, the image, and the deployment's
+own security group when the connection names one.
 
-All created once and found by name afterwards (idempotent, safe for racing provisioners): the key pair is
-named after the public key's fingerprint, the security group after the setting (`airflow-sky`) in the
-region's default VPC. Nothing here is per cluster (what is: cluster_network.py).
+The key pair is created once and found by name afterwards (idempotent, safe for racing provisioners),
+named after the public key's fingerprint. Nothing here is per cluster (what is, the nodes' security group
+among it: cluster_network.py).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +20,8 @@ from airflow_sky.errors import ClusterError
 from airflow_sky.infra.aws import efa
 from airflow_sky.infra.aws.instances import error_code
 
+log = logging.getLogger(__name__)
+
 # The deep-learning images AWS publishes (Ubuntu 22.04, NVIDIA driver, CUDA, Docker), looked up per region
 # through their public SSM parameters, so a region always gets its current build. `image_id` overrides:
 # an AMI id, or `resolve:ssm:<parameter>` (as EC2 itself accepts).
@@ -26,6 +30,8 @@ DEFAULT_IMAGE_PARAMETERS = {
     "arm64": "/aws/service/deeplearning/ami/arm64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
 }
 SSM_PREFIX = "resolve:ssm:"
+# The group every cluster's nodes shared (all traffic between its members) before each cluster had its own.
+SHARED_GROUP = "airflow-sky"
 
 
 def launch_network(
@@ -33,26 +39,27 @@ def launch_network(
     region: str,
     zone_name: str,
     public_key: str,
-    group_name: str,
-    ssh_cidr: str,
+    groups: Sequence[str],
     public_ip: bool,
     *,
-    extra_groups: Sequence[str] = (),
     efa_type: str | None = None,
 ) -> dict[str, Any]:
-    """The run_instances arguments that place instances in the zone: the key pair, and one interface in
-    the zone's subnet of the default VPC with the security group (and the cluster's own, `extra_groups`);
-    each found, or made once. `efa_type`: `network_tier: best`, the EFA interfaces of that type."""
+    """The run_instances arguments that place instances in the zone: the key pair (found, or imported
+    once), and one interface in the zone's subnet of the default VPC in `groups` (the cluster's nodes
+    group first: cluster_network.py). `efa_type`: `network_tier: best`, the EFA interfaces of that type,
+    each further one in the nodes group alone (the group that lets EFA traffic through)."""
     key_name = ensure_key_pair(ec2, public_key)
-    vpc = default_vpc(ec2, region)
-    group = ensure_security_group(ec2, vpc, group_name, ssh_cidr, for_efa=efa_type is not None)
-    subnet = subnet_in_zone(ec2, vpc, zone_name)
-    groups = [group, *extra_groups]
+    subnet = subnet_in_zone(ec2, default_vpc(ec2, region), zone_name)
     if efa_type is not None:
-        interfaces = efa.network_interfaces(efa_type, subnet, groups, [group], public_ip)
+        interfaces = efa.network_interfaces(efa_type, subnet, list(groups), list(groups[:1]), public_ip)
     else:
         interfaces = [
-            {"DeviceIndex": 0, "SubnetId": subnet, "Groups": groups, "AssociatePublicIpAddress": public_ip}
+            {
+                "DeviceIndex": 0,
+                "SubnetId": subnet,
+                "Groups": list(groups),
+                "AssociatePublicIpAddress": public_ip,
+            }
         ]
     return {"KeyName": key_name, "NetworkInterfaces": interfaces}
 
@@ -94,60 +101,35 @@ def default_vpc(ec2: Any, region: str) -> str:
     return str(vpcs[0]["VpcId"])
 
 
-def ensure_security_group(ec2: Any, vpc_id: str, name: str, ssh_cidr: str, for_efa: bool = False) -> str:
-    """The group: SSH from `ssh_cidr`, all traffic between its members (NCCL, Ray, torchrun rendezvous).
-    `for_efa`: also all traffic out to its members, which EFA asks for in so many words (AWS's EFA setup)."""
+def deployment_group(ec2: Any, vpc_id: str, name: str) -> str | None:
+    """The connection's `security_group`, added to every node as it is (the deployment's own rules: a
+    bastion, a monitoring host); airflow-sky adds no rule to it. None for the default name: the group every
+    cluster shared before clusters had their own, which no node joins any more."""
+    if name == SHARED_GROUP:
+        return None
+    by = "group-id" if name.startswith("sg-") else "group-name"
     found = ec2.describe_security_groups(
-        Filters=[{"Name": "group-name", "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
+        Filters=[{"Name": by, "Values": [name]}, {"Name": "vpc-id", "Values": [vpc_id]}]
     )["SecurityGroups"]
-    if found:
-        group = found[0]
-    else:
-        try:
-            group_id = ec2.create_security_group(
-                GroupName=name,
-                Description="airflow-sky cluster nodes: SSH in, all traffic between members",
-                VpcId=vpc_id,
-                TagSpecifications=[
-                    {"ResourceType": "security-group", "Tags": [{"Key": "airflow-sky", "Value": "nodes"}]}
-                ],
-            )["GroupId"]
-        except ClientError as e:
-            if error_code(e) != "InvalidGroup.Duplicate":
-                raise
-            return ensure_security_group(ec2, vpc_id, name, ssh_cidr, for_efa)
-        group = {"GroupId": group_id, "IpPermissions": []}
+    if not found:
+        raise ClusterError(
+            f"security_group: {name}: no such security group in {vpc_id}; create it (every node joins it as "
+            f"it is), or remove the setting (each cluster has a group of its own)"
+        )
+    group = found[0]
     group_id = str(group["GroupId"])
-    _allow(ec2, group, _ssh_rule(ssh_cidr))
-    members = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id}]}
-    _allow(ec2, group, members)
-    if for_efa:
-        _allow(ec2, group, members, egress=True)
+    if any(
+        p.get("GroupId") == group_id
+        for rule in group.get("IpPermissions", [])
+        for p in rule.get("UserIdGroupPairs", [])
+    ):
+        log.warning(
+            "aws: security_group %s admits traffic from its own members, and the nodes of every cluster are "
+            "members: they reach each other through it; revoke that rule (each cluster's nodes group lets its "
+            "own nodes talk)",
+            name,
+        )
     return group_id
-
-
-def _ssh_rule(cidr: str) -> dict[str, Any]:
-    return {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": cidr}]}
-
-
-def _allow(ec2: Any, group: dict[str, Any], rule: dict[str, Any], egress: bool = False) -> None:
-    for existing in group.get("IpPermissionsEgress" if egress else "IpPermissions", []):
-        if existing.get("IpProtocol") != rule["IpProtocol"]:
-            continue
-        if "IpRanges" in rule and rule["IpRanges"][0] in [
-            {"CidrIp": r.get("CidrIp")} for r in existing.get("IpRanges", [])
-        ]:
-            return
-        if "UserIdGroupPairs" in rule and rule["UserIdGroupPairs"][0]["GroupId"] in [
-            p.get("GroupId") for p in existing.get("UserIdGroupPairs", [])
-        ]:
-            return
-    authorize = ec2.authorize_security_group_egress if egress else ec2.authorize_security_group_ingress
-    try:
-        authorize(GroupId=group["GroupId"], IpPermissions=[rule])
-    except ClientError as e:
-        if error_code(e) != "InvalidPermission.Duplicate":
-            raise
 
 
 def subnet_in_zone(ec2: Any, vpc_id: str, zone: str) -> str:

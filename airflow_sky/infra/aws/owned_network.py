@@ -2,13 +2,16 @@
 record (so teardown, a replacement node, and any worker's `network_env` / `opened_ports` read it), and
 removed once its instances are gone, at teardown or when the provision that made it failed.
 
-`network_tier: best`: a cluster placement group and, on types with EFA, EFA interfaces (efa.py) and the
-NCCL/libfabric env. `ports`: a security group of the cluster's own with exactly those ports open.
+Always: the nodes' security group, the cluster's own (SSH in, all traffic between its own nodes only: the
+nodes of another cluster are never members). `network_tier: best`: a cluster placement group and, on types
+with EFA, EFA interfaces (efa.py) and the NCCL/libfabric env. `ports`: a security group of the cluster's own
+with exactly those ports open.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -20,15 +23,24 @@ from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
 
+_ALL = ("placement_group", "ports_group", "nodes_group")
+
 
 @dataclasses.dataclass(frozen=True)
 class OwnedNetwork:
-    """What a launch puts its instances in, beyond the shared group; `made`: what this launch created."""
+    """What a launch puts its instances in; `made`: what this launch created."""
 
     placement_group: str | None = None
     ports_group: str | None = None
     efa_type: str | None = None  # the instance type whose EFA interfaces the launch asks for
-    made: tuple[str, ...] = ()  # "placement_group", "ports_group"
+    made: tuple[str, ...] = ()  # "placement_group", "ports_group", "nodes_group"
+    nodes_group: str | None = None
+    deployment_group: str | None = None  # the connection's `security_group`, never made nor removed here
+
+    @property
+    def security_groups(self) -> list[str]:
+        """The groups of a node's primary interface: its cluster's nodes group first."""
+        return [g for g in (self.nodes_group, self.ports_group, self.deployment_group) if g]
 
 
 class AwsOwnedNetwork(AwsMembers):
@@ -37,7 +49,8 @@ class AwsOwnedNetwork(AwsMembers):
     def _prepare_network(
         self, cluster: str, ec2: Any, region: str, placement: Placement, resources: Resources
     ) -> OwnedNetwork:
-        """Make (or find) the cluster's placement group and ports group, and record them before launching."""
+        """Make (or find) the cluster's nodes group, placement group and ports group, and record them
+        before launching."""
         best = resources.network_tier == "best"
         if best:
             refusal = efa.best_tier_refusal(placement.instance_type)
@@ -47,9 +60,12 @@ class AwsOwnedNetwork(AwsMembers):
         group_name = cluster_network.placement_group_name(cluster) if best else None
         if group_name and cluster_network.ensure_placement_group(ec2, group_name):
             made.append("placement_group")
+        vpc = network.default_vpc(ec2, region)
+        nodes_group, fresh = cluster_network.ensure_nodes_group(ec2, vpc, cluster, self.settings.ssh_cidr)
+        if fresh:
+            made.append("nodes_group")
         ports_group = None
         if resources.ports:
-            vpc = network.default_vpc(ec2, region)
             ports_group, fresh = cluster_network.ensure_ports_group(
                 ec2, vpc, cluster, resources.ports, self.settings.port_sources
             )
@@ -61,29 +77,39 @@ class AwsOwnedNetwork(AwsMembers):
                 "network_tier": resources.network_tier,
                 "placement_group": group_name,
                 "ports_group": ports_group,
+                "nodes_group": nodes_group,
                 "ports": list(resources.ports or ()),
                 "disk_tier": resources.disk_tier,
                 "labels": dict(resources.labels or {}),
             },
             "the cluster's network",
         )
-        return OwnedNetwork(group_name, ports_group, placement.instance_type if best else None, tuple(made))
+        return OwnedNetwork(
+            group_name,
+            ports_group,
+            placement.instance_type if best else None,
+            tuple(made),
+            nodes_group,
+            network.deployment_group(ec2, vpc, self.settings.security_group),
+        )
 
     def _release_network(
         self, cluster: str, region: str, owned: OwnedNetwork | None = None, wait_for: list[str] | None = None
     ) -> None:
-        """Remove the cluster's placement group and ports group (`owned`: only what one launch made), once
-        the instances in them (`wait_for`, or all of the cluster's) have ended; their rules go at once."""
+        """Remove the cluster's groups (`owned`: only what one launch made) once the instances in them
+        (`wait_for`, or all of the cluster's) have ended; the ports close at once. Without a record the
+        nodes group is still found by its tags. A group EC2 will not let go of in time is a ClusterError
+        that says to run the teardown again (the record, which names the groups, is kept until then)."""
+        ec2 = self._client("ec2", region)
         if owned is None:
             data = self._record(cluster) or {}
+            nodes = data.get("nodes_group") or cluster_network.find_nodes_group(ec2, None, cluster)
             owned = OwnedNetwork(
-                data.get("placement_group"), data.get("ports_group"), made=("placement_group", "ports_group")
+                data.get("placement_group"), data.get("ports_group"), made=_ALL, nodes_group=nodes
             )
         group = owned.placement_group if "placement_group" in owned.made else None
         ports = owned.ports_group if "ports_group" in owned.made else None
-        if group is None and ports is None:
-            return
-        ec2 = self._client("ec2", region)
+        nodes = owned.nodes_group if "nodes_group" in owned.made else None
         if ports is not None:
             cluster_network.close_ports(ec2, ports)
 
@@ -94,24 +120,24 @@ class AwsOwnedNetwork(AwsMembers):
                 if wait_for is None or m.instance_id in wait_for
             )
 
-        if ports is not None:
-            cluster_network.when_released(
-                lambda: cluster_network.delete_ports_group(ec2, ports),
-                f"security group {ports} (the ports of {cluster})",
-                self.release_timeout_s,
-                self.poll_s,
-                still_used,
-            )
-        if group is not None:
-            cluster_network.when_released(
-                lambda: cluster_network.delete_placement_group(ec2, group),
-                f"placement group {group}",
-                self.release_timeout_s,
-                self.poll_s,
-                still_used,
-            )
-        removed = [f"placement group {group}" if group else "", f"ports group {ports}" if ports else ""]
-        log.info("aws: %s: removed its %s", cluster, " and ".join(r for r in removed if r))
+        removals = [
+            (f"security group {ports} (the ports of {cluster})", ports, cluster_network.delete_group),
+            (f"security group {nodes} (the nodes of {cluster})", nodes, cluster_network.delete_group),
+            (f"placement group {group}", group, cluster_network.delete_placement_group),
+        ]
+        removed = []
+        for what, name, delete in removals:
+            if name is not None:
+                cluster_network.when_released(
+                    functools.partial(delete, ec2, name),
+                    what,
+                    self.release_timeout_s,
+                    self.poll_s,
+                    still_used,
+                )
+                removed.append(what)
+        if removed:
+            log.info("aws: %s: removed its %s", cluster, ", ".join(removed))
 
     def _open_ports_on_nodes(self, cluster: str, resources: Resources) -> None:
         """A cluster that was up asks more ports (Cluster.provision passes the union): its ports group gets

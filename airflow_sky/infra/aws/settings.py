@@ -8,7 +8,8 @@ region_name, endpoint_url, ...). airflow-sky's settings sit in the extra under `
         "ssh_private_key": "-----BEGIN OPENSSH PRIVATE KEY-----...",   # or "ssh_key_file": "~/.ssh/sky"
         "ssh_user": "ubuntu",                 # the image's login user
         "ssh_cidr": "203.0.113.0/24",         # who may reach port 22 (default 0.0.0.0/0)
-        "security_group": "airflow-sky",      # created per VPC when missing
+        "security_group": "sky-bastion",      # optional: a group of your own every node also joins
+                                              # (each cluster has its own group without it)
         "state_table": "airflow-sky-state",   # DynamoDB table of the clusters' job records
         "state_region": "us-east-1",          # where that table lives (default: the connection's region)
         "use_private_ip": false,              # SSH to private addresses (Airflow inside the VPC)
