@@ -142,7 +142,7 @@ def test_best_puts_four_a100_nodes_in_one_placement_group_with_all_efa_interface
         (2, 1, "efa-only"),
         (3, 1, "efa-only"),
     ]
-    # From moto: the shared group lets all traffic out to its own members, as EFA needs.
+    # From moto: the cluster's nodes group (first on the primary interface) lets all traffic out to its own members, as EFA needs.
     (group,) = moto_ec2.describe_security_groups(GroupIds=nics[0]["Groups"][:1])["SecurityGroups"]
     assert any(
         r["IpProtocol"] == "-1" and group["GroupId"] in [p["GroupId"] for p in r.get("UserIdGroupPairs", [])]
