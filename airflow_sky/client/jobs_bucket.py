@@ -176,7 +176,7 @@ class GcsStore:
 
     def __init__(self, config: JobsBucketConfig) -> None:
         try:
-            from google.cloud import storage
+            import google.cloud.storage as storage
         except ImportError as e:
             raise SkyError(
                 f"{config.source}: gs:// needs google-cloud-storage: pip install 'airflow-sky[gcp]' ({e})"
