@@ -62,7 +62,7 @@ i=0
 while [ "$(signal_marked 9 {e})" -gt 0 ] && [ $i -lt 50 ]; do sleep 0.05; i=$((i+1)); done"""
 
 
-def sweep_user_command(grace_s: float = 3.0) -> str:
+def sweep_user_command(grace_s: float = 3.0, spare_sessions: bool = True) -> str:
     """Shell text for a host the cluster holds alone: end every process of the login user that is not
     serving an SSH session (this sweep's own, the worker's other commands), and every process of a job
     wherever it runs. Jobs that called `setsid`, forked twice or cleared their environment are found this
@@ -76,8 +76,16 @@ def sweep_user_command(grace_s: float = 3.0) -> str:
     login user is root) only the processes that carry a job's mark are. A job that gets itself an SSH
     session of its own (it can write ~/.ssh/authorized_keys) is spared: a job running as the login user
     owns that account.
+
+    `spare_sessions=False` (an ssh pool host changing hands, infra/ssh/login_baseline.py) spares only the
+    sweep's own connection (its ancestors, and the other channels of its SSH session: their processes are
+    children of the session's process, as the SFTP server of the same connection): every other SSH session
+    of the user ends too (a job's own login, the sessions of the cluster being let go), and so do children
+    of the sweep's shell it did not start (what a login file sourced before the sweep started).
     """
     ticks = max(1, int(grace_s * 10))
+    own_children = '[ "$ppid" != "$$" ]' if spare_sessions else '[ "$ppid" != "$PPID" ]'
+    session_check = '! under_ssh "$p" || continue' if spare_sessions else ":"
     return f"""\
 uid_of() {{
   local k a _
@@ -115,10 +123,10 @@ sweep_pass() {{
     case $keep in *" $p "*) continue;; esac
     uid_of "$p" && [ "$owner" = "$UID" ] || continue
     parent_of "$p" || continue
-    [ "$state" != Z ] && [ "$ppid" != "$$" ] || continue
+    [ "$state" != Z ] && {own_children} || continue
     if ! job_entry "$p"; then
       [ "$UID" != 0 ] || continue
-      ! under_ssh "$p" || continue
+      {session_check}
     fi
     [ "$sig" = none ] || kill "-$sig" "$p" 2>/dev/null || true
     n=$((n+1))

@@ -1,9 +1,11 @@
 """The rules of handing out pool hosts to a cluster (pure): which GPUs a request needs, how many of a host's
-GPUs a node gets, and what to say when the pool has no host for a rank."""
+GPUs a node gets, what to say when the pool has no host for a rank, and a cluster's membership record."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from airflow_sky.infra import gpus as gpu_rules
 from airflow_sky.infra.base import ProvisionRequest
@@ -62,3 +64,28 @@ def no_host_message(
     if down:
         parts.append("cannot be used: " + "; ".join(down))
     return ". ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One entry of a cluster's membership record."""
+
+    rank: int
+    host: str  # PoolHost.label
+    token: str
+    gpus: int
+    ip: str  # the internal IP the other nodes reach it at (SKYPILOT_NODE_IPS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def members_of(data: dict[str, Any] | None) -> dict[int, Member]:
+    if not data:
+        return {}
+    return {
+        int(m["rank"]): Member(
+            int(m["rank"]), str(m["host"]), str(m["token"]), int(m.get("gpus") or 0), str(m["ip"])
+        )
+        for m in data.get("nodes", [])
+    }

@@ -29,13 +29,12 @@ import logging
 import secrets
 import socket
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from airflow_sky.errors import ClusterError, RemoteError
 from airflow_sky.infra import gpus as gpu_rules
 from airflow_sky.infra.base import Cloud, ClusterInfo, Endpoint, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.ssh import hosts
-from airflow_sky.infra.ssh.allocation import accelerators_of, gpu_count, no_host_message
+from airflow_sky.infra.ssh.allocation import Member, accelerators_of, gpu_count, members_of, no_host_message
 from airflow_sky.infra.ssh.pool_hosts import PoolHosts
 from airflow_sky.infra.ssh.pools import PoolHost, is_ip, state_host
 from airflow_sky.infra.ssh.state_store import SshStateStore, list_clusters
@@ -45,20 +44,6 @@ log = logging.getLogger(__name__)
 
 NODES_KEY = "nodes"  # the cluster's membership record in its StateStore
 PORTS_KEY = "ports"  # the task's resources.ports, for `status --endpoints` (nothing is opened on a pool)
-
-
-@dataclasses.dataclass(frozen=True)
-class Member:
-    """One entry of a cluster's membership record."""
-
-    rank: int
-    host: str  # PoolHost.label
-    token: str
-    gpus: int
-    ip: str  # the internal IP the other nodes reach it at (SKYPILOT_NODE_IPS)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +72,7 @@ class SshCloud(PoolHosts, Cloud):
         accelerators = accelerators_of(request)
         store = self._store(cluster)
         record = store.get(NODES_KEY)
-        members = _members(record.data if record else None)
+        members = members_of(record.data if record else None)
         current = {n.rank: n for n in self._nodes_of(members)}
         missing = [
             r
@@ -118,12 +103,12 @@ class SshCloud(PoolHosts, Cloud):
 
     def nodes(self, cluster_name: str) -> list[Node]:
         record = self.state_store(cluster_name).get(NODES_KEY)
-        return self._nodes_of(_members(record.data if record else None))
+        return self._nodes_of(members_of(record.data if record else None))
 
     def replace(self, cluster_name: str, rank: int) -> Node:
         store = self._store(cluster_name)
         record = store.get(NODES_KEY)
-        members = _members(record.data if record else None)
+        members = members_of(record.data if record else None)
         old = members.get(rank)
         if old is None:
             raise ClusterError(f"cluster {cluster_name!r} has no node of rank {rank} on ssh/{self.pool_name}")
@@ -155,8 +140,8 @@ class SshCloud(PoolHosts, Cloud):
         unreachable = [host.label for host, done in zip(ours, freed, strict=True) if not done]
         if unreachable:
             log.warning(
-                "ssh/%s: hosts %s of cluster %s did not answer; their locks stay until they are back "
-                "(`airflow-sky ssh unlock %s` breaks them)",
+                "ssh/%s: hosts %s of cluster %s did not answer or could not be reset (see above); their "
+                "locks stay until they are back and clean (`airflow-sky ssh unlock %s` retries)",
                 self.pool_name,
                 ", ".join(unreachable),
                 cluster_name,
@@ -224,7 +209,7 @@ class SshCloud(PoolHosts, Cloud):
                 continue
             if (lock.pool, lock.cluster) not in known:  # a pool sharing the host keeps its records here too
                 record = self._store(lock.cluster, lock.pool).get(NODES_KEY) if lock.pool else None
-                known[lock.pool, lock.cluster] = _members(record.data if record else None)
+                known[lock.pool, lock.cluster] = members_of(record.data if record else None)
             member = known[lock.pool, lock.cluster].get(lock.rank)
             live = member is not None and member.host == host.label and member.token == lock.token
             if live and not force:
@@ -245,15 +230,50 @@ class SshCloud(PoolHosts, Cloud):
         accelerators: dict[str, float] | None,
         num_nodes: int,
         replacing: str | None = None,
+    ) -> list[Member]:
+        """Lock one free, suitable host per rank and reset it to its baseline (PoolHosts._prepare); a host
+        whose reset fails is let go and another takes its rank. All or nothing."""
+        ready: list[Member] = []
+        failed: list[str] = []
+        pending = list(ranks)
+        try:
+            while pending:
+                want = (accelerators, num_nodes, replacing)
+                chosen = self._lock_hosts(cluster, pending, taken, want, failed)
+                reasons = self._map(list(chosen), lambda m: self._prepare(self._host(m.host)))
+                for member, why in zip(chosen, reasons, strict=True):
+                    if why is None:
+                        ready.append(member)
+                        continue
+                    log.warning("ssh/%s: host %s cannot be used: %s", self.pool_name, member.host, why)
+                    self._locks.release(self._host(member.host), member.token)
+                    failed.append(f"{member.host} ({why})")
+                    taken = taken | {member.host}
+                pending = [m.rank for m, why in zip(chosen, reasons, strict=True) if why is not None]
+        except BaseException:
+            for member in ready:
+                self._release_quietly(self._host(member.host), member.token)
+            raise
+        return sorted(ready, key=lambda m: m.rank)
+
+    def _lock_hosts(
+        self,
+        cluster: str,
+        ranks: Sequence[int],
+        taken: set[str],
+        want: tuple[dict[str, float] | None, int, str | None],
+        failed: list[str],
     ) -> Iterable[Member]:
-        """Lock one free, suitable host per rank, in pool order; all or nothing."""
+        """Lock one free, suitable host per rank, in pool order; all or nothing. `want`: the accelerators,
+        the cluster's node count and the host a rank replaces; `failed`: hosts a reset refused (the message)."""
+        accelerators, num_nodes, replacing = want
         candidates = [h for h in self.pool.hosts if h.label not in taken]
         locks = self._locks
         held_now = locks.read_all(candidates)
         probes = self._map(candidates, self._try_probe)
         held: list[str] = []
         unsuitable: list[tuple[str, gpu_rules.Gpus]] = []
-        down: list[str] = []
+        down: list[str] = list(failed)
         chosen: list[Member] = []
         pending = list(ranks)
         try:
@@ -313,7 +333,7 @@ class SshCloud(PoolHosts, Cloud):
         """Merge `changes` into the membership record (compare-and-swap, re-read on a lost race)."""
         for _ in range(50):
             record = store.get(NODES_KEY)
-            members = _members(record.data if record else None)
+            members = members_of(record.data if record else None)
             members.update(changes)
             data = {"pool": self.pool_name, "nodes": [members[r].to_dict() for r in sorted(members)]}
             if store.put(NODES_KEY, data, record.version if record else None) is not None:
@@ -346,17 +366,6 @@ class SshCloud(PoolHosts, Cloud):
             endpoint = Endpoint(member.host.rpartition("@")[2], 22, member.host.partition("@")[0], member.ip)
         host_key = self._known_key(host) if host else None
         return endpoint.node(member.rank, f"{member.host}#{member.token}", status, member.gpus, host_key)
-
-
-def _members(data: dict[str, Any] | None) -> dict[int, Member]:
-    if not data:
-        return {}
-    return {
-        int(m["rank"]): Member(
-            int(m["rank"]), str(m["host"]), str(m["token"]), int(m.get("gpus") or 0), str(m["ip"])
-        )
-        for m in data.get("nodes", [])
-    }
 
 
 def _resolved(address: str) -> str:

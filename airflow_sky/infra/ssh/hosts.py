@@ -134,13 +134,14 @@ def internal_ip(pool_address: str, host_addresses: tuple[str, ...]) -> str:
     return pool_address
 
 
-def clean_command() -> str:
+def clean_command(spare_sessions: bool = True) -> str:
     """Stop everything the cluster's jobs left on the host (the login user's processes outside SSH sessions,
     setsid or not: node.processes.sweep_user_command; the host was the cluster's alone) and remove the job
-    records. Teardown leaves the machine itself (and ~/sky_workdir) as it found it otherwise.
+    records. `spare_sessions=False` ends the user's other SSH sessions too (login_baseline.py's reset,
+    which also puts the login files and the home back as they were).
     """
     return f"""\
-{sweep_user_command()}
+{sweep_user_command(spare_sessions=spare_sessions)}
 rm -rf -- "$HOME"/{JOBS_DIR}
 """
 

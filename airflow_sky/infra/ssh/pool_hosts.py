@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import ipaddress
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -23,9 +24,12 @@ from airflow_sky.infra.base import Endpoint, Node, NodeStatus
 from airflow_sky.infra.home import user_known_hosts
 from airflow_sky.infra.ssh import hosts
 from airflow_sky.infra.ssh.host_locks import HostLocks
+from airflow_sky.infra.ssh.login_baseline import BASELINES_ROOT, HostBaselines, reset
 from airflow_sky.infra.ssh.pools import Pool, PoolHost, is_ip, load_pool, state_host
 from airflow_sky.infra.ssh.state_store import HOST_LOCKS_ROOT, SshStateStore
 from airflow_sky.node.client import NodeClient
+
+log = logging.getLogger(__name__)
 
 MAX_PARALLEL = 32  # hosts talked to at once (an sshd's MaxStartups drops bursts beyond ~10-30)
 _T = TypeVar("_T")
@@ -79,6 +83,14 @@ class PoolHosts:
         state = state_host(self.pool)
         return HostLocks(
             SshStateStore(lambda: self._client(state), "", "", state.label, root=HOST_LOCKS_ROOT)
+        )
+
+    @property
+    def _baselines(self) -> HostBaselines:
+        """Each host's login files as they were at its first allocation (login_baseline.py), on the state host."""
+        state = state_host(self.pool)
+        return HostBaselines(
+            SshStateStore(lambda: self._client(state), "", "", state.label, root=BASELINES_ROOT)
         )
 
     # ---- host keys and addresses: from the pool definition -----------------------------------------------
@@ -188,15 +200,32 @@ class PoolHosts:
             return None, hosts.unusable_reason(e)
 
     def _free(self, host: PoolHost, token: str) -> bool:
-        """Free `host` of allocation `token`: its jobs are stopped first, so no process of a cluster that
-        is gone meets the next one's files. A host that does not answer keeps its lock (stale: `airflow-sky
-        ssh unlock` frees it once it is back). True when freed."""
+        """Free `host` of allocation `token`: its login files go back to the baseline and its jobs are stopped
+        first (login_baseline.reset), so nothing of a cluster that is gone meets the next one. A host that
+        does not answer, or whose reset fails, keeps its lock (`airflow-sky ssh unlock` frees it once it is
+        back, or after its user's leftovers are dealt with). True when freed."""
         locks = self._locks
         lock = locks.read(host)
         if lock is None or lock.token != token or self._try_reach(host) is not None:
             return False
-        hosts.clean(self._client(host))
+        client = self._client(host)
+        baseline = self._baselines.get(locks.key(host))
+        if baseline is None:  # taken by an older version, before baselines: its next allocation takes one
+            hosts.clean(client)
+        elif (why := reset(client, baseline, host.label, taking=False)) is not None:
+            log.warning("ssh/%s: host %s stays held by its cluster: %s", self.pool_name, host.label, why)
+            return False
         return locks.release(host, token)
+
+    def _prepare(self, host: PoolHost) -> str | None:
+        """A host just locked for a cluster, before its first command: the baseline taken if it has none,
+        then reset to it, names the baseline lacks at the top of the home removed. None when ready."""
+        client = self._client(host)
+        try:
+            baseline = self._baselines.get_or_take(HostLocks.key(host), client, host.label)
+        except (RemoteError, ClusterError) as e:
+            return str(e)
+        return reset(client, baseline, host.label, taking=True)
 
     def _release_quietly(self, host: PoolHost, token: str) -> None:
         with contextlib.suppress(RemoteError, ClusterError):
