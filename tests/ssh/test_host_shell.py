@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 from airflow_sky.infra.ssh import hosts
+from airflow_sky.node.processes import JOB_MARK_ENV
 
 
 def _bash(script: str, home: Path, stdin: str = "") -> str:
@@ -20,24 +21,26 @@ def _bash(script: str, home: Path, stdin: str = "") -> str:
     ).stdout
 
 
-def test_clean_stops_the_jobs_process_groups_and_removes_their_records(tmp_path: Path) -> None:
+def test_clean_stops_the_jobs_processes_and_removes_their_records(tmp_path: Path) -> None:
+    """A job's processes carry its mark (node.processes), which is how `clean` finds them; its pid file is
+    the job's to write and is never believed (here it names this test's own process)."""
     gen = tmp_path / ".airflow_sky" / "jobs" / "1-run" / "gen-0"
     gen.mkdir(parents=True)
-    # The pid file is renamed into place: `clean` must never see it half written.
+    (gen / "pid").write_text(f"{os.getpid()}\n")
     job = subprocess.Popen(
-        ["bash", "-c", f"echo $$ > {gen}/pid.tmp && mv {gen}/pid.tmp {gen}/pid; sleep 300 & wait"],
+        ["bash", "-c", f"touch {gen}/started; sleep 300 & wait"],
         start_new_session=True,
+        env={**os.environ, JOB_MARK_ENV: "1-run/gen-0"},
     )
-    deadline = time.monotonic() + 5
-    while not (gen / "pid").exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while not (gen / "started").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    pgid = int((gen / "pid").read_text())
-    assert pgid == job.pid
+    pgid = job.pid
     _bash(hosts.clean_command(), tmp_path)
-    job.wait(timeout=5)
+    job.wait(timeout=30)
     assert not (tmp_path / ".airflow_sky" / "jobs").exists()
     # No live process left in the group (a killed orphan may linger as a zombie where PID 1 does not reap).
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while _live_in_group(pgid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _live_in_group(pgid) == []
