@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from airflow_sky.errors import RemoteError
 from airflow_sky.gang import state as js
+from airflow_sky.gang.credential_refresh import CredentialRefresh
 from airflow_sky.gang.job import KILLED_EXIT_CODE, Phase, remote_job_id
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES, Action, Decision, RecoveryState, decide
 from airflow_sky.gang.watch_lease import WatchHold
@@ -269,12 +270,20 @@ class PhaseWatcher:
 class PhaseWatch:
     """A phase's watcher behind its lease in the job state (gang.watch_lease): a round takes or renews the
     lease and probes the ranks only while this process holds it. The follow tasks, their triggers, the
-    detached driver and `airflow-sky queue` all watch a phase through this."""
+    detached driver and `airflow-sky queue` all watch a phase through this. The holder also keeps the
+    nodes' bucket credentials fresh (gang.credential_refresh)."""
 
     def __init__(self, watcher: PhaseWatcher, owner: str) -> None:
         self.watcher = watcher
         self.owner = owner
         self.hold = WatchHold(watcher.states, watcher.job_id, watcher.key, owner)
+        self.credentials = CredentialRefresh(
+            watcher.states,
+            watcher.job_id,
+            lambda: {rank: watcher.client(rank) for rank in sorted(watcher.nodes)},
+            watcher.log,
+            parallel,
+        )
 
     @property
     def key(self) -> str:
@@ -285,6 +294,7 @@ class PhaseWatch:
         state, held = self.hold.hold(state)
         if held:
             state = self.watcher.round(state)
+            state = self.credentials.round(state)
         return state, held
 
     def round_once(self, state: js.JobState) -> js.JobState:

@@ -203,7 +203,7 @@ class SkyClusterHook(BaseHook):
         if not has_bucket_mounts(task):
             return None
         plan = buckets.plan_from_record(bucket_record(self.cluster, handle))
-        for options in plan.remotes.values() if plan else ():
+        for options in plan.secret_options() if plan else ():
             for name in _SECRET_OPTIONS:
                 if options.get(name):
                     mask_secret(options[name])

@@ -6,28 +6,28 @@ local `source` into a bucket it creates, deletes a non-persistent bucket it crea
 `delete_buckets`), and builds the remotes a node's rclone uses (`bucket_remotes`). Those remotes never
 carry a connection's own keys: where the node has no identity of its own (an instance profile on aws, a
 service account on gcp) they carry a credential minted for the job and scoped to its buckets and folders
-(node.credentials); it travels in the SSH channel's stdin into a 0600 file on the node, which teardown
-removes (`detach_buckets`).
+(node.credentials); it travels in the SSH channel's stdin into 0600 files on the node, which teardown
+removes (`detach_buckets`). A credential that expires (an STS session, a downscoped token) is not written
+into rclone.conf: the node's mounts fetch it from the node's credential server (node.credential_server),
+and whoever watches the job writes a fresh one there before it expires (`refresh_credentials`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import os
 import shlex
-import tarfile
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
 from airflow_sky.errors import RemoteError, SkyError
-from airflow_sky.node import credential_scope, credentials, rclone
+from airflow_sky.node import credential_scope, credential_server, credentials, rclone
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.storage import storage_path
-from airflow_sky.task.storage import BucketMount
+from airflow_sky.task.storage import COPY, BucketMount
 
 ATTACH_TIMEOUT_S = (
     24 * 3600
@@ -42,9 +42,27 @@ class BucketPlan:
     remotes: Mapping[str, Mapping[str, str]]
     plain_http: bool = False  # an endpoint without TLS (an emulator, a private S3-compatible store)
     expires: datetime.datetime | None = None  # when the first of its credentials expires (None: never)
+    # store -> the credential its mounts fetch from the node's credential server (one that expires)
+    served: Mapping[str, credentials.NodeCredential] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:  # the remotes hold secrets: a repr in a traceback must not show them
         return f"BucketPlan(mounts={[m.uri for m in self.mounts]}, remotes=<redacted>)"
+
+    def secret_options(self) -> list[Mapping[str, str]]:
+        """Every set of options that may hold a secret: the remotes', the served credentials'."""
+        return [*self.remotes.values(), *(c.options for c in self.served.values())]
+
+    def credential_files(self, mounts: Sequence[BucketMount] | None = None) -> dict[str, str]:
+        """path below creds/ -> text: the served credential of each of `mounts` (default: all the plan's)."""
+        files = {}
+        for mount in self.mounts if mounts is None else mounts:
+            credential = self.served.get(mount.store)
+            if credential is not None and credential.expires is not None:
+                name, text = credential_server.served_file(
+                    mount.store, credential.options, credential.expires
+                )
+                files[f"{rclone.mount_key(mount.destination)}/{name}"] = text
+        return files
 
 
 def bucket_remotes(
@@ -65,25 +83,33 @@ def bucket_remotes(
     conns = {**credentials.node_connections(None, aws_conn_id, gcp_conn_id), **(node_conns or {})}
     scopes = credential_scope.job_scopes(mounts)
     remotes: dict[str, dict[str, str]] = {}
-    expiries = []
+    served: dict[str, credentials.NodeCredential] = {}
     plain_http = False
     for store in sorted({m.store for m in mounts}):
         if store == "s3":
             own = "s3" in node_identity
-            options, expires = _s3_remote(
+            options, credential = _s3_remote(
                 (aws_conn_id or credentials.BUCKET_CONNS["s3"]) if own else conns["s3"], own, scopes
             )
         else:
-            options, expires = _gcs_remote(conns["gcs"], "gcs" in node_identity, scopes)
+            options, credential = _gcs_remote(conns["gcs"], "gcs" in node_identity, scopes)
+        if credential is not None and credential.expires is not None:
+            served[store] = (
+                credential  # fetched from the node's credential server, replaced before it expires
+            )
+            if store == "s3":
+                options["env_auth"] = "true"
+        elif credential is not None:
+            options.update(credential.options)  # keys that do not expire (a store without STS)
         plain_http |= options.get("endpoint", "").startswith("http://")
         remotes[rclone.remote_name(store)] = options
-        expiries += [expires] if expires else []
-    return BucketPlan(tuple(mounts), remotes, plain_http, min(expiries, default=None))
+    expires = min((c.expires for c in served.values() if c.expires), default=None)
+    return BucketPlan(tuple(mounts), remotes, plain_http, expires, served)
 
 
 def _s3_remote(
     conn_id: str, node_identity: bool, scopes: Sequence[credential_scope.Scope]
-) -> tuple[dict[str, str], datetime.datetime | None]:
+) -> tuple[dict[str, str], credentials.NodeCredential | None]:
     aws_hook = credentials.provider_class(
         "airflow.providers.amazon.aws.hooks.base_aws", "AwsBaseHook", "s3", "aws"
     )
@@ -101,14 +127,12 @@ def _s3_remote(
     if node_identity:
         options["env_auth"] = "true"
         return options, None
-    credential = credentials.mint_s3(hook, scopes, "node")
-    options.update(credential.options)
-    return options, credential.expires
+    return options, credentials.mint_s3(hook, scopes, "node")
 
 
 def _gcs_remote(
     conn_id: str, node_identity: bool, scopes: Sequence[credential_scope.Scope]
-) -> tuple[dict[str, str], datetime.datetime | None]:
+) -> tuple[dict[str, str], credentials.NodeCredential | None]:
     google_hook = credentials.provider_class(
         "airflow.providers.google.common.hooks.base_google", "GoogleBaseHook", "gcs", "gcp"
     )
@@ -124,20 +148,14 @@ def _gcs_remote(
     if hook._get_field("is_anonymous"):
         options["anonymous"] = "true"
         return options, None
-    # Never the connection's key file: a downscoped token of it (about an hour).
-    credential = credentials.mint_gcs(hook, scopes)
-    options.update(credential.options)
-    return options, credential.expires
+    # Never the connection's key file: a downscoped token of it (about an hour). rclone 1.60's gcs remote
+    # without a token or key uses application default credentials: the node's server (GCE_METADATA_HOST).
+    return options, credentials.mint_gcs(hook, scopes)
 
 
 def _config_tar(plan: BucketPlan) -> bytes:
-    data = rclone.config_text(plan.remotes).encode()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("rclone.conf")
-        info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-        tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    extra = {"rclone.conf": rclone.config_text(plan.remotes)}
+    return credential_server.credentials_tar(plan.credential_files(), extra)
 
 
 def attach_buckets(client: NodeClient, plan: BucketPlan, log: Callable[[str], None]) -> int:
@@ -146,7 +164,7 @@ def attach_buckets(client: NodeClient, plan: BucketPlan, log: Callable[[str], No
         return 0
     rank = client.node.rank
     started = time.monotonic()
-    script = rclone.attach_script(plan.mounts, rank, plan.plain_http)
+    script = rclone.attach_script(plan.mounts, rank, plan.plain_http, served=set(plan.served))
     rc, out, err = client.exec(
         f"bash -c {shlex.quote(script)}", stdin=_config_tar(plan), timeout=ATTACH_TIMEOUT_S
     )
@@ -171,6 +189,27 @@ def attach_buckets(client: NodeClient, plan: BucketPlan, log: Callable[[str], No
                 f"mounted {mount.uri} on {mount.destination} on rank {rank} ({mount.mode}, rclone pid {words[2]})"
             )
     return copied
+
+
+def refresh_credentials(client: NodeClient, plan: BucketPlan) -> int:
+    """Replace the served credentials of the plan's running mounts on the node (the copies are done) and
+    make sure the node's credential server answers; returns how many files were replaced. The secrets
+    travel in stdin, never on a command line."""
+    files = plan.credential_files([m for m in plan.mounts if m.mode != COPY])
+    if not files:
+        return 0
+    rc, out, err = client.exec(
+        f"bash -c {shlex.quote(credential_server.refresh_script())}",
+        stdin=credential_server.credentials_tar(files),
+        timeout=credential_server.REFRESH_TIMEOUT_S,
+    )
+    words = out.decode(errors="replace").split()
+    if rc != 0 or len(words) < 2 or words[-2] != "refreshed":
+        raise RemoteError(
+            f"refreshing the bucket credentials on rank {client.node.rank}: "
+            f"{err.decode(errors='replace').strip()[-500:]}"
+        )
+    return int(words[-1])
 
 
 def detach_buckets(client: NodeClient, log: Callable[[str], None], flush_timeout_s: int = 300) -> int:

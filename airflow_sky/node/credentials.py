@@ -11,6 +11,9 @@ A node never holds a connection's own keys. Where the infra gives the nodes no i
 - gcs: a downscoped access token (Credential Access Boundary, credential_scope.gcs_boundary_rules),
   valid as long as the source token (about 1 h).
 
+A credential that expires is served to the node's rclone (node.credential_server) and minted again while
+the job runs, at half its life, by whoever watches the job (gang.credential_refresh).
+
 Which connection a store's credential is minted from (node_connections): on aws (s3) and gcp (gcs) the
 job's bucket connection (`aws_conn_id` / `gcp_conn_id`, default the provisioning one: only a scoped
 session of it ever leaves the worker). On local and ssh nodes, and for the other cloud's store, a
@@ -40,7 +43,6 @@ _OWN_STORE = {"aws": "s3", "gcp": "gcs"}
 FEDERATION_DURATION_S = 36 * 3600  # GetFederationToken's longest (IAM user keys)
 ROLE_DURATION_S = 12 * 3600  # AssumeRole's longest, when the role's MaxSessionDuration allows it
 ROLE_FALLBACK_S = 3600  # every role allows an hour (a chained role: no more)
-REFRESH_MARGIN_S = 15 * 60  # a credential this close to its expiry is replaced (refresh_due)
 _NAME = re.compile(r"[^\w+=,.@-]")
 
 
@@ -169,7 +171,10 @@ def _assume_role(hook: Any, config: Any, role: str, name: str, policy: str, own_
 def _sts_client(session: Any, config: Any) -> Any:
     endpoint = config.get_service_endpoint_url("sts") if hasattr(config, "get_service_endpoint_url") else None
     return session.client(
-        "sts", endpoint_url=endpoint or config.endpoint_url, region_name=config.region_name or "us-east-1"
+        "sts",
+        endpoint_url=endpoint or config.endpoint_url,
+        region_name=config.region_name or "us-east-1",
+        config=getattr(config, "botocore_config", None),  # the connection's `config_kwargs`
     )
 
 
@@ -209,14 +214,6 @@ def downscoped_credentials(source: Any, scopes: Sequence[Scope]) -> Any:
         )
     boundary = downscoped.CredentialAccessBoundary(rules=rules)
     return downscoped.Credentials(source_credentials=source, credential_access_boundary=boundary)
-
-
-def refresh_due(expires: datetime.datetime | None, now: datetime.datetime | None = None) -> bool:
-    """Whether a credential expiring at `expires` must be replaced now (within REFRESH_MARGIN_S)."""
-    if expires is None:
-        return False
-    now = now or datetime.datetime.now(datetime.UTC)
-    return (expires - now).total_seconds() < REFRESH_MARGIN_S
 
 
 def _utc(value: Any) -> datetime.datetime | None:

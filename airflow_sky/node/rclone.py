@@ -9,6 +9,9 @@ many uploads are still pending, which is what a job's verdict waits for (`flush_
 The node keeps its mounts under ~/.airflow_sky/mounts:
     rclone.conf           the task's bucket remotes, 0600; removed at teardown (detach_script)
     m-<key>/              one mount: dest, source, uri (what it serves, for the log), log, cache/
+    creds/                the credentials of mounts that take theirs from the node's credential server
+                          (node.credential_server: an STS session or a token that the worker replaces
+                          while the mount runs); removed at teardown with the server
 
 Trust line: a job runs as the node's user and can rewrite all of that. Nothing here runs a file from
 there, and no pid or port is read from there: each mount's rclone carries MOUNT_MARK_ENV=m-<key> in its
@@ -25,8 +28,9 @@ import dataclasses
 import hashlib
 import io
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
+from airflow_sky.node.credential_server import CREDS, CREDS_DIR, SERVER_ENTRY, SERVER_FUNCTIONS
 from airflow_sky.node.paths import MOUNTS_DIR
 from airflow_sky.node.processes import JOB_MARK_ENV, MARKED, MOUNT_MARK_ENV
 from airflow_sky.task.storage import COPY, BucketMount
@@ -99,7 +103,9 @@ def source_of(mount: BucketMount) -> str:
     return f"{remote_name(mount.store)}:{mount.bucket}" + (f"/{mount.prefix}" if mount.prefix else "")
 
 
-def attach_script(mounts: Sequence[BucketMount], rank: int, plain_http: bool = False) -> str:
+def attach_script(
+    mounts: Sequence[BucketMount], rank: int, plain_http: bool = False, served: Collection[str] = ()
+) -> str:
     """Install the config (a tar on stdin), then copy or mount every bucket; idempotent.
 
     Run it with bash (it uses $RANDOM and `jobs`). Prints one `copied <dest> <files> <bytes>` or `mounted <dest> <pid>` line per mount. A mount
@@ -107,22 +113,30 @@ def attach_script(mounts: Sequence[BucketMount], rank: int, plain_http: bool = F
     serving another source is replaced only while no job runs on the node (else a clear error). Other
     destinations' mounts are left alone: they may serve a running job. A flush script an older version
     left is removed. `plain_http`: an endpoint without TLS, which rclone refuses while AWS_CA_BUNDLE is set.
+    `served`: the stores whose credential the mounts and copies fetch from the node's credential server
+    (the tar holds creds/<key>/... for their mounts: node.credential_server), started when none runs.
     """
     lines = [
         "set -eu",
         _CHECK_TOOLS,
         # Only the framework's own files are private: what lands in a mount keeps the user's usual modes.
-        f"(umask 077 && mkdir -p {MOUNTS} && tar -xf - -C {MOUNTS} && chmod 600 {CONFIG})",
+        f"(umask 077 && mkdir -p {MOUNTS})",
+        f"staged=$(umask 077 && mktemp -d {MOUNTS}/.attach-XXXXXX)",
+        "trap 'rm -rf -- \"$staged\"' EXIT",
+        f'tar -xf - -C "$staged" && mv -f "$staged/rclone.conf" {CONFIG} && chmod 600 {CONFIG}',
     ]
     if plain_http:
         lines.append("unset AWS_CA_BUNDLE")
-    lines.append(f"{MARKED}\n{_UNMOUNT}")
+    lines.append(f"{SERVER_FUNCTIONS}\n{_UNMOUNT}")
+    if any(m.store in served for m in mounts):
+        lines.append(f'sky_creds_server\nsky_put_creds "$staged/{CREDS_DIR}" >/dev/null')
+    lines.append('rm -rf -- "$staged"')
     lines.append(_FUNCTIONS.replace("@RANK@", str(int(rank))))
     copies = [m for m in mounts if m.mode == COPY]
     lines.append(f"copying=\nrm -f -- {OLD_FLUSH}")
     for mount in mounts:
         if mount.mode != COPY:
-            lines.append(_mount_call(mount))
+            lines.append(_mount_call(mount, served))
     # COPYs run side by side: a node fetching several buckets waits for the slowest, not the sum.
     for mount in copies:
         words = (
@@ -130,6 +144,8 @@ def attach_script(mounts: Sequence[BucketMount], rank: int, plain_http: bool = F
             shlex.quote(source_of(mount)),
             shlex.quote(mount.destination),
             shlex.quote(mount.uri),
+            shlex.quote(mount_key(mount.destination)),
+            mount.store if mount.store in served else "-",
         )
         lines.append(f'sky_copy {" ".join(words)} & copying="$copying $!"')
     if copies:
@@ -138,7 +154,7 @@ def attach_script(mounts: Sequence[BucketMount], rank: int, plain_http: bool = F
     return "\n".join(lines) + "\n"
 
 
-def _mount_call(mount: BucketMount) -> str:
+def _mount_call(mount: BucketMount, served: Collection[str]) -> str:
     words = [
         "sky_mount",
         node_path(mount.destination),
@@ -146,6 +162,7 @@ def _mount_call(mount: BucketMount) -> str:
         shlex.quote(mount_key(mount.destination)),
         shlex.quote(mount.destination),
         shlex.quote(mount.uri),
+        mount.store if mount.store in served else "-",
         *map(shlex.quote, _VFS_FLAGS[mount.mode]),
     ]
     return " ".join(words)
@@ -160,8 +177,10 @@ if ! command -v rclone >/dev/null 2>&1 || { ! command -v fusermount3 >/dev/null 
 fi
 command -v rclone >/dev/null 2>&1 || { echo "rclone is not installed and could not be installed (apt-get install rclone fuse3)" >&2; exit 3; }"""
 
-# sky_copy DEST SOURCE SHOWN URI: rclone copyto (a folder or one object) with parallel transfers, then a summary line.
-# sky_mount DEST SOURCE KEY SHOWN URI FLAGS...: an rclone mount with its own rc port, marked with its key, waited for.
+# sky_copy DEST SOURCE SHOWN URI KEY CRED: rclone copyto (a folder or one object) with parallel transfers, then a
+#   summary line; CRED: the store whose credential it fetches from the node's server as KEY's, or `-`.
+# sky_mount DEST SOURCE KEY SHOWN URI CRED FLAGS...: an rclone mount with its own rc port, marked with its key,
+#   waited for; CRED as for sky_copy (the mount keeps fetching KEY's credential while it runs).
 # sky_unmount DEST: unmount DEST if it is an rclone FUSE mount (a rewritten state file unmounts nothing else).
 # sky_mount_pids KEY / sky_src PID / sky_dest PID: the processes serving mount KEY; what one mounts where (its
 # command line: `rclone mount SOURCE DEST ...`).
@@ -172,14 +191,17 @@ sky_copy() {{
   # file URI (`rclone copy` would put it in a directory of that name); a folder it copies exactly as `copy`.
   # No stat first: that was one more rclone start and request per node (0.3 s here).
   mkdir -p "$(dirname "$1")"
-  if ! out=$(rclone copyto "$2" "$1" --config {CONFIG} --transfers {COPY_TRANSFERS} --checkers {COPY_TRANSFERS} --fast-list --log-level ERROR 2>&1); then
+  if ! out=$( [ "$6" = - ] || sky_cred_env "$6" "$5"
+      rclone copyto "$2" "$1" --config {CONFIG} --transfers {COPY_TRANSFERS} --checkers {COPY_TRANSFERS} --fast-list --log-level ERROR 2>&1); then
+    rm -rf -- {CREDS}/"$5"
     echo "file_mounts.$3: copying $4 to $1 on rank @RANK@ failed: $(printf '%s' "$out" | tail -n 5)" >&2; return 1
   fi
+  rm -rf -- {CREDS}/"$5"  # a copy is done with its credential
   [ -e "$1" ] || mkdir -p "$1"  # an empty folder copies nothing: the destination is an empty directory
   echo "copied $3 $(find "$1" -type f -printf '%s\\n' | awk '{{n++; s+=$1}} END {{print n+0, s+0}}')"
 }}
 sky_mount() {{
-  dest=$1 src=$2 key=$3 m={MOUNTS}/$3 shown=$4 uri=$5; shift 5
+  dest=$1 src=$2 key=$3 m={MOUNTS}/$3 shown=$4 uri=$5 cred=$6; shift 6
   (umask 077 && mkdir -p "$m")
   pids=$(sky_mount_pids "$key")
   if mountpoint -q "$dest" 2>/dev/null; then
@@ -200,8 +222,9 @@ sky_mount() {{
   for try in 1 2 3 4 5; do
     port=$(( 20000 + RANDOM % 40000 ))
     : > "$m/log"
-    {MOUNT_MARK_ENV}="$key" setsid rclone mount "$src" "$dest" --config {CONFIG} "$@" --cache-dir "$m/cache" --dir-cache-time 5s \\
-      --rc --rc-addr "127.0.0.1:$port" --log-file "$m/log" --log-level INFO </dev/null >/dev/null 2>&1 &
+    ( [ "$cred" = - ] || sky_cred_env "$cred" "$key"
+      exec env {MOUNT_MARK_ENV}="$key" setsid rclone mount "$src" "$dest" --config {CONFIG} "$@" --cache-dir "$m/cache" \\
+        --dir-cache-time 5s --rc --rc-addr "127.0.0.1:$port" --log-file "$m/log" --log-level INFO ) </dev/null >/dev/null 2>&1 &
     pid=$!
     i=0
     while [ $i -lt {MOUNT_READY_S * 10} ]; do
@@ -309,6 +332,9 @@ for m in "$m0"/m-*; do
   [ -z "$dest" ] || sky_unmount "$dest"
   rm -rf -- "$m"; n=$((n+1))
 done
-rm -f {CONFIG} {OLD_FLUSH}
+for pid in $(marked {SERVER_ENTRY}); do kill "$pid" 2>/dev/null || true; done
+rm -rf -- {CREDS}
+rm -rf -- {MOUNTS}/.attach-* {MOUNTS}/.creds-*
+rm -f {CONFIG} {OLD_FLUSH} {CREDS}.log
 echo "detached $n"
 """

@@ -133,7 +133,10 @@ MOUNTS = [BucketMount("~/sky_workdir", "s3", JOBS, "runs/run-1/workdir", COPY)]
 
 def _node_credential(world: dict[str, Any]) -> dict[str, str]:
     plan = buckets.bucket_remotes(MOUNTS, node_conns={"s3": NODE_CONN})
-    options = dict(plan.remotes["sky-s3"])
+    # The session expires: it is served to the node's rclone (node.credential_server), not in rclone.conf.
+    assert plan.remotes["sky-s3"]["env_auth"] == "true"
+    assert not {"access_key_id", "secret_access_key", "session_token"} & set(plan.remotes["sky-s3"])
+    options = dict(plan.served["s3"].options)
     # moto applies no session policy: the role carries the policy the code sent (its listing condition
     # left out, which moto cannot evaluate for S3), so what moto enforces is what the code built.
     policy = s3_session_policy(job_scopes(MOUNTS))
@@ -277,7 +280,7 @@ def test_iam_user_keys_get_a_federation_token_of_the_longest_duration(moto_endpo
     }
     with patched_environ({"AIRFLOW_CONN_SKY_NODES_AWS": json.dumps(conn)}):
         plan = buckets.bucket_remotes(MOUNTS, node_conns={"s3": NODE_CONN})
-    options = plan.remotes["sky-s3"]
+    options = plan.served["s3"].options
     assert options["access_key_id"] != "AKIAPROVISIONING" and options["session_token"]
     assert "provisioning-secret-value" not in json.dumps(options)
     assert plan.expires is not None

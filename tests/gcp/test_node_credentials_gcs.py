@@ -92,9 +92,9 @@ def test_a_node_gets_a_downscoped_token_never_the_key_file(monkeypatch) -> None:
     monkeypatch.setattr(downscoped.Credentials, "refresh", exchange)
     with patched_environ({"AIRFLOW_CONN_SKY_NODES_GCP": json.dumps(conn)}):
         plan = buckets.bucket_remotes(MOUNTS, node_conns={"gcs": "sky_nodes_gcp"})
-    options = plan.remotes["sky-gcs"]
+    options = plan.served["gcs"].options  # served to the node's rclone (node.credential_server)
     assert json.loads(options["token"])["access_token"] == "downscoped-token"
-    assert "service_account_credentials" not in options
+    assert not {"service_account_credentials", "token"} & set(plan.remotes["sky-gcs"])
     text = json.dumps(options)
     assert key["private_key_id"] not in text and "PRIVATE KEY" not in text
     assert plan.expires is not None

@@ -74,7 +74,7 @@ def test_no_file_env_or_process_on_a_node_holds_the_provisioning_secret(local_cl
         record = buckets.bucket_record(mounts, None, None, frozenset(), infra=infra)
         plan = buckets.plan_from_record(record)
     assert plan is not None
-    token = plan.remotes["sky-s3"]["session_token"]
+    token = plan.served["s3"].options["session_token"]
     lines: list[str] = []
     with NodeClient(nodes[0], key) as client:
         buckets.attach_buckets(client, plan, lines.append)
@@ -87,6 +87,6 @@ def test_no_file_env_or_process_on_a_node_holds_the_provisioning_secret(local_cl
         buckets.detach_buckets(client, lines.append)
     assert "print('hi')" in found and "written" in found  # the jobs-bucket COPY and the MOUNT both work
     assert found.rstrip().endswith("done")
-    assert f"FOUND {token[:12]}" in found and "rclone.conf" in found  # the dump sees the node's files
+    assert f"FOUND {token[:12]}" in found and "creds/" in found  # the dump sees the node's files
     assert f"FOUND {PROVISIONING_SECRET[:12]}" not in found, found
     assert f"FOUND {NODE_DATA_SECRET[:12]}" not in found, found
