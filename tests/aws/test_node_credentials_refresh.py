@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,25 @@ NODE_CONN = "sky_nodes_aws"
 REFRESHED = BucketMount("~/refreshed", "s3", DATA, "job/refreshed", MOUNT)
 LEFT_ALONE = BucketMount("~/left", "s3", DATA, "job/left", MOUNT)  # its file is not rewritten: the control
 UTC = datetime.UTC
+
+
+# On the node: the credential server answers a mount's file only to its password (another user of the
+# host has neither the password nor a way to read it: it is on no process's command line).
+PROBE = r"""
+entry=$(grep -hzo '^AIRFLOW_SKY_CREDS=[0-9]*:[0-9a-f]*' /proc/[0-9]*/environ | tr '\0' '\n' | head -n 1)
+entry=${entry#AIRFLOW_SKY_CREDS=}; port=${entry%%:*}; pass=${entry#*:}
+key=$(cd ~/.airflow_sky/mounts/creds && ls -d m-* | head -n 1)
+get() {
+  exec 3<>"/dev/tcp/127.0.0.1/$port"
+  if [ -n "$1" ]; then printf 'GET /%s/s3.json HTTP/1.0\r\nAuthorization: Basic %s\r\n\r\n' "$key" "$1" >&3
+  else printf 'GET /%s/s3.json HTTP/1.0\r\n\r\n' "$key" >&3; fi
+  head -n 1 <&3 | cut -d' ' -f2
+}
+echo none "$(get '')"
+echo wrong "$(get "$(printf 'sky:%s' 0000 | base64 -w0)")"
+echo right "$(get "$(printf 'sky:%s' "$pass" | base64 -w0)")"
+echo cmdlines "$(grep -lF -f <(printf '%s\n' "$pass") /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +156,9 @@ def test_a_mount_keeps_writing_after_its_first_credential_is_void(
         buckets.attach_buckets(client, plan, lambda line: None)
         rc, _, err = client.exec("echo one > ~/refreshed/one && echo one > ~/left/one")
         assert rc == 0, err.decode()
+        rc, out, err = client.exec(f"bash -c {shlex.quote(PROBE)}")
+        assert rc == 0, err.decode()
+        assert out.decode().split() == ["none", "401", "wrong", "401", "right", "200", "cmdlines", "0"], out
         _wait_for(_in_bucket(s3, "job/refreshed/one"), "the first write reached the bucket", client)
         _wait_for(
             _in_bucket(s3, "job/left/one"), "the control mount's first write reached the bucket", client
