@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shlex
 import subprocess
-import time
 from pathlib import Path
-
-import psutil
 
 from airflow_sky.infra.ssh import hosts
 from airflow_sky.node.processes import JOB_MARK_ENV
@@ -22,37 +19,26 @@ def _bash(script: str, home: Path, stdin: str = "") -> str:
 
 
 def test_clean_stops_the_jobs_processes_and_removes_their_records(tmp_path: Path) -> None:
-    """A job's processes carry its mark (node.processes), which is how `clean` finds them; its pid file is
-    the job's to write and is never believed (here it names this test's own process)."""
+    """A job's processes carry its mark (node.processes), which is how `clean` finds them, setsid or not; its
+    pid file is the job's to write and is never believed (here it names the script that runs `clean`, which
+    must survive). In a PID namespace of its own: run as root, `clean` ends every marked process it sees,
+    and other tests' local nodes run marked jobs on this machine."""
     gen = tmp_path / ".airflow_sky" / "jobs" / "1-run" / "gen-0"
     gen.mkdir(parents=True)
-    (gen / "pid").write_text(f"{os.getpid()}\n")
-    job = subprocess.Popen(
-        ["bash", "-c", f"touch {gen}/started; sleep 300 & wait"],
-        start_new_session=True,
-        env={**os.environ, JOB_MARK_ENV: "1-run/gen-0"},
-    )
-    deadline = time.monotonic() + 30
-    while not (gen / "started").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pgid = job.pid
-    _bash(hosts.clean_command(), tmp_path)
-    job.wait(timeout=30)
+    mark = shlex.quote(f"{JOB_MARK_ENV}=1-run/gen-0")
+    script = f"""\
+echo $$ > {shlex.quote(str(gen / "pid"))}
+( export {mark}; setsid bash -c 'sleep 300 & wait' & )
+marked_now() {{ grep -lzxF -- {mark} /proc/[0-9]*/environ 2>/dev/null | wc -l; }}
+i=0; while [ "$(marked_now)" -lt 2 ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
+echo "before $(marked_now)"
+( {hosts.clean_command()} ) > /dev/null
+echo "after $(marked_now)"
+"""
+    out = _bash(f"exec unshare --pid --fork --mount-proc bash -c {shlex.quote(script)}", tmp_path)
+    assert "before 2" in out, out  # the job's shell and its sleep
+    assert "after 0" in out, out
     assert not (tmp_path / ".airflow_sky" / "jobs").exists()
-    # No live process left in the group (a killed orphan may linger as a zombie where PID 1 does not reap).
-    deadline = time.monotonic() + 30
-    while _live_in_group(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _live_in_group(pgid) == []
-
-
-def _live_in_group(pgid: int) -> list[int]:
-    found = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.Error):
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-    return found
 
 
 def test_the_probe_reports_tools_addresses_and_gpus(tmp_path: Path) -> None:
