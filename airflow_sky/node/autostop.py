@@ -29,7 +29,7 @@ import math
 import shlex
 
 from airflow_sky.node.paths import JOBS_DIR
-from airflow_sky.node.processes import JOB_MARK_ENV
+from airflow_sky.node.processes import JOB_MARK_ENV, OWN_ENVIRONS
 from airflow_sky.node.shell_reads import READ_SMALL
 
 AUTOSTOP_DIR = ".airflow_sky/autostop"
@@ -67,6 +67,7 @@ def watch_script(action: str) -> str:
     action needs no restart."""
     return f"""\
 {READ_SMALL}
+{OWN_ENVIRONS}
 dir="$HOME/{AUTOSTOP_DIR}"
 activity="$HOME/{ACTIVITY_PATH}"
 while :; do
@@ -82,7 +83,7 @@ while :; do
   busy=0
   if [ "$wait_for" != none ]; then
     # A job generation without an exit code whose marked processes live (a pid file proves nothing).
-    for mark in $(grep -hzo -- '^{JOB_MARK_ENV}=[A-Za-z0-9._-]*/gen-[0-9]*' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sort -u); do
+    for mark in $(grep -hzo -- '^{JOB_MARK_ENV}=[A-Za-z0-9._-]*/gen-[0-9]*' $(own_environs) /dev/null 2>/dev/null | tr '\\0' '\\n' | sort -u); do
       g="$HOME/{JOBS_DIR}/${{mark#*=}}"
       if [ ! -e "$g/exit_code" ]; then busy=1; break; fi
     done
@@ -107,8 +108,9 @@ def _mark(action: str) -> str:
 
 # The pids of this user's watchers (any version), and whether one with exactly the mark $1 runs.
 _WATCHERS = f"""\
-watchers() {{ grep -lz -- '^{AUTOSTOP_MARK_ENV}=' /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }}
-watching() {{ grep -lzxF -- "$1" /proc/[0-9]*/environ 2>/dev/null | grep -q .; }}"""
+{OWN_ENVIRONS}
+watchers() {{ grep -lz -- '^{AUTOSTOP_MARK_ENV}=' $(own_environs) /dev/null 2>/dev/null | cut -d/ -f3; }}
+watching() {{ grep -lzxF -- "$1" $(own_environs) /dev/null 2>/dev/null | grep -q .; }}"""
 
 
 def arm_command(autostop: NodeAutostop) -> str:

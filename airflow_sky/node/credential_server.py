@@ -126,7 +126,7 @@ sky_creds_server() {{
     kill "$pid" 2>/dev/null || true
   done
   # None answers: start one, where the running mounts look for it if there are any.
-  entry=$(grep -hzo -- '^{CREDS_ENV}=[0-9]*:[0-9a-f]*' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | head -n 1)
+  entry=$(grep -hzo -- '^{CREDS_ENV}=[0-9]*:[0-9a-f]*' $(own_environs) /dev/null 2>/dev/null | tr '\\0' '\\n' | head -n 1)
   entry=${{entry#{CREDS_ENV}=}}
   [ -n "$entry" ] || entry="$(( 20000 + RANDOM % 40000 )):$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')"
   (umask 077 && mkdir -p {CREDS} && head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > {CREDS}/ready)

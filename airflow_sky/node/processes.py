@@ -15,11 +15,19 @@ import shlex
 JOB_MARK_ENV = "AIRFLOW_SKY_JOB_MARK"  # <job id>/gen-<g>: every process of one generation of a job
 MOUNT_MARK_ENV = "AIRFLOW_SKY_MOUNT"  # m-<key>: the rclone serving one bucket mount (node.rclone)
 
-# marked ENTRY: the pids whose environment holds exactly ENTRY (`KEY=value`); zombies hold none.
+# own_environs: the environ files of this node's processes: those whose HOME is this one's. A local node's
+#   processes share the host's /proc with other nodes' (as root, or without PID namespaces), and job ids and
+#   marks repeat across clusters: a node's scripts must never see, signal or believe another node's.
+#   Use it as `$(own_environs) /dev/null` (/dev/null: grep never falls back to reading stdin).
+OWN_ENVIRONS = r"""own_environs() { grep -lzxF -- "HOME=$HOME" /proc/[0-9]*/environ 2>/dev/null; }"""
+# marked ENTRY: the pids of this node whose environment holds exactly ENTRY (`KEY=value`); zombies hold none.
 # stat_field PID N: field N of /proc/PID/stat (3 = state, 4 = ppid, 5 = pgrp, 22 = start time), read after
 #   the command name, which may hold spaces and parentheses.
 # oldest PID...: the one that started first (a job's wrapper among its processes).
-MARKED = r"""marked() { grep -lzxF -- "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
+MARKED = (
+    OWN_ENVIRONS
+    + r"""
+marked() { grep -lzxF -- "$1" $(own_environs) /dev/null 2>/dev/null | cut -d/ -f3; }
 stat_field() {
   local n=$2 s
   read -r s 2>/dev/null < "/proc/$1/stat" || return 1
@@ -33,6 +41,7 @@ oldest() {
   done
   echo "$best"
 }"""
+)
 
 # signal_marked SIG ENTRY: signal every process holding ENTRY, and the process group of each that leads
 # one (a job's wrapper leads its group: children that dropped the entry with `env -i` are still in it).

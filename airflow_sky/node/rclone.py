@@ -208,7 +208,7 @@ sky_mount() {{
     for pid in $pids; do
       if [ "$(sky_src "$pid")" = "$src" ]; then echo "mounted $shown $pid"; return 0; fi
     done
-    if [ -n "$(grep -lz '^{JOB_MARK_ENV}=' /proc/[0-9]*/environ 2>/dev/null | head -n 1)" ]; then
+    if [ -n "$(grep -lz '^{JOB_MARK_ENV}=' $(own_environs) /dev/null 2>/dev/null | head -n 1)" ]; then
       echo "file_mounts.$shown: $dest on rank @RANK@ is mounted from another bucket, and a job on this node may be using it; wait until the node's jobs end, or mount at another path" >&2; return 1
     fi
     sky_unmount "$dest"
@@ -312,7 +312,7 @@ set -u
 {flush_function()}
 m0={MOUNTS}
 [ -d "$m0" ] || {{ echo "detached 0"; exit 0; }}
-mounts=$(grep -Hzo -- '^{MOUNT_MARK_ENV}=m-[0-9a-f]*' /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | sed -n 's|^/proc/\\([0-9]*\\)/environ:{MOUNT_MARK_ENV}=|\\1 |p')
+mounts=$(grep -Hzo -- '^{MOUNT_MARK_ENV}=m-[0-9a-f]*' $(own_environs) /dev/null 2>/dev/null | tr '\\0' '\\n' | sed -n 's|^/proc/\\([0-9]*\\)/environ:{MOUNT_MARK_ENV}=|\\1 |p')
 set --
 while read -r pid key; do
   [ -n "$key" ] && set -- "$@" "$key" "$(sky_dest "$pid")" "$(sky_src "$pid")"

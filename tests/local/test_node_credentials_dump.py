@@ -33,12 +33,9 @@ NODE_DATA_SECRET = f"node-data-{uuid.uuid4().hex}"
 DUMP = r"""
 while read -r secret; do
   [ -n "$secret" ] || continue
-  find "$HOME" /tmp -xdev -type f -readable 2>/dev/null | while IFS= read -r f; do
-    grep -qsF -- "$secret" "$f" && echo "FOUND ${secret:0:12} $f"
-  done
-  for e in /proc/[0-9]*/environ; do
-    tr '\0' '\n' < "$e" 2>/dev/null | grep -qF -- "$secret" && echo "FOUND ${secret:0:12} $e"
-  done
+  find "$HOME" /tmp -xdev -type f -readable -print0 2>/dev/null \
+    | xargs -0 -r grep -lsaF -- "$secret" | sed "s|^|FOUND ${secret:0:12} |"
+  grep -lsaF -- "$secret" /proc/[0-9]*/environ | sed "s|^|FOUND ${secret:0:12} |"
 done
 echo done
 """
@@ -81,6 +78,7 @@ def test_no_file_env_or_process_on_a_node_holds_the_provisioning_secret(local_cl
         rc, out, err = client.exec(
             f"cat ~/sky_workdir/train.py && echo x > ~/ckpt/written && ls ~/ckpt && bash -c {shlex.quote(DUMP)}",
             stdin=f"{PROVISIONING_SECRET}\n{NODE_DATA_SECRET}\n{token}\n".encode(),
+            timeout=600,  # every file of the node's home and /tmp, on a machine that may be busy
         )
         assert rc == 0, err.decode()
         found = out.decode()
