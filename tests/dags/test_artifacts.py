@@ -204,6 +204,7 @@ with DAG("gcs_artifacts", schedule=None) as dag:
         env={
             "STORAGE_EMULATOR_HOST": gcs_emulator,
             "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": connection,
+            "AIRFLOW_CONN_SKY_NODES_GCP": connection,  # local nodes' bucket credentials: never the default's
             # The emulator has no gRPC storage-control API: gcsfs would wait 60 s per bucket to learn that.
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
         },
