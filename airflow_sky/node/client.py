@@ -32,7 +32,14 @@ from airflow_sky.node.bounded_read import (
     file_kind,
     read_bounded,
 )
-from airflow_sky.node.pinned_ssh import HostKeyMismatch, PinnedConnector, host_key_mismatch_message
+from airflow_sky.node.connection import (
+    CONNECTIONS,
+    CONNECTIONS_LOCK,
+    MAX_CHANNELS,
+    SFTP_TIMEOUT_S,
+    SharedConnection,
+)
+from airflow_sky.node.pinned_ssh import PinnedConnector, host_key_mismatch_message
 from airflow_sky.node.record import Node
 
 # paramiko logs every connect and SFTP session at INFO: noise in task logs and the CLI.
@@ -48,68 +55,6 @@ __all__ = [  # what callers import from here: the client, and the errors and lim
     "host_key_mismatch_message",
 ]
 
-SFTP_TIMEOUT_S = 60.0  # the longest a node may take to answer one SFTP request
-
-
-class _Connection:
-    """One SSH transport (and its SFTP channel) to one node, shared by every NodeClient of this process.
-
-    Sharing bounds the connections a process holds to one per node whatever its threads do (the CLI's log
-    view, a phase watcher and a rank's follower all talk to a node over the same transport), and saves the
-    handshake when one task follows another. Counted: the last NodeClient to let go closes it.
-    """
-
-    def __init__(self, connector: PinnedConnector, node: Node) -> None:
-        self.connector = connector
-        self.node = node
-        self.users = 0
-        self.lock = threading.Lock()
-        # One SFTP channel serves every thread; paramiko's SFTP client is not safe for concurrent requests.
-        self.sftp_lock = threading.RLock()
-        self.client: paramiko.SSHClient | None = None
-        self.sftp: paramiko.SFTPClient | None = None
-
-    def ssh(self) -> paramiko.SSHClient:
-        with self.lock:
-            transport = self.client.get_transport() if self.client else None
-            if self.client is None or transport is None or not transport.is_active():
-                try:
-                    self.client = self.connector.get_conn()
-                except HostKeyMismatch as e:
-                    raise RemoteError(str(e)) from e
-                except (paramiko.SSHException, OSError, EOFError) as e:  # EOF: the node died mid-handshake
-                    raise RemoteError(
-                        f"cannot reach node rank {self.node.rank} at {self.node.ssh_host}:{self.node.ssh_port}: {e}"
-                    ) from e
-                self.sftp = None
-            return self.client
-
-    def open_sftp(self) -> paramiko.SFTPClient:
-        client = self.ssh()
-        with self.lock:
-            if self.sftp is None:
-                self.sftp = client.open_sftp()
-                # Every SFTP request waits at most this long for the node's answer (a hung node fails the
-                # operation instead of the task waiting forever).
-                self.sftp.get_channel().settimeout(SFTP_TIMEOUT_S)  # type: ignore[union-attr]
-            return self.sftp
-
-    def reset(self) -> None:
-        """Drop the transport (it broke, or a node stopped answering); the next use opens a new one."""
-        with self.lock:
-            if self.sftp is not None:
-                with contextlib.suppress(Exception):
-                    self.sftp.close()
-            if self.client is not None:
-                with contextlib.suppress(Exception):
-                    self.client.close()
-            self.sftp = None
-            self.client = None
-
-
-_CONNECTIONS: dict[tuple[Any, ...], _Connection] = {}
-_CONNECTIONS_LOCK = threading.Lock()
-
 
 class NodeClient:
     """Exec, streaming exec and SFTP on one node over this process's shared connection to it. Thread-safe."""
@@ -121,7 +66,7 @@ class NodeClient:
         self.key_file = key_file
         self._connector = PinnedConnector(node, key_file, conn_timeout, conn_retry_attempts)
         self._key = (node.ssh_host, node.ssh_port, node.ssh_user, node.host_key, node.instance_id, key_file)
-        self._held: _Connection | None = None
+        self._held: SharedConnection | None = None
         self._hold_lock = threading.Lock()
         self.remote_has_rsync: bool | None = None  # learned by the first sync over this client
 
@@ -131,13 +76,13 @@ class NodeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _connection(self) -> _Connection:
+    def _connection(self) -> SharedConnection:
         with self._hold_lock:
             if self._held is None:
-                with _CONNECTIONS_LOCK:
-                    connection = _CONNECTIONS.get(self._key)
+                with CONNECTIONS_LOCK:
+                    connection = CONNECTIONS.get(self._key)
                     if connection is None:
-                        connection = _CONNECTIONS[self._key] = _Connection(self._connector, self.node)
+                        connection = CONNECTIONS[self._key] = SharedConnection(self._connector, self.node)
                     connection.users += 1
                 self._held = connection
             return self._held
@@ -160,11 +105,11 @@ class NodeClient:
             connection, self._held = self._held, None
         if connection is None:
             return
-        with _CONNECTIONS_LOCK:
+        with CONNECTIONS_LOCK:
             connection.users -= 1
             last = connection.users <= 0
             if last:
-                _CONNECTIONS.pop(self._key, None)
+                CONNECTIONS.pop(self._key, None)
         if last:
             connection.reset()
 
@@ -219,12 +164,28 @@ class NodeClient:
         raises (the exception propagates): the way a caller bounds what it reads.
         """
         deadline = time.monotonic() + timeout
-        try:
-            channel = self.ssh.get_transport().open_session(timeout=30)  # type: ignore[union-attr]
-        except (paramiko.SSHException, OSError) as e:
+        channels = self._connection().channels
+        if not channels.acquire(timeout=timeout):
             raise RemoteError(
-                f"cannot open a channel to node rank {self.node.rank} ({self.node.ssh_host}): {e}"
-            ) from e
+                f"{purpose} on node rank {self.node.rank} ({self.node.ssh_host}) did not start within "
+                f"{timeout:g}s: {MAX_CHANNELS} other commands held the connection"
+            )
+        try:
+            return self._run_channel(command, on_stdout, on_stderr, stdin, timeout, purpose, deadline)
+        finally:
+            channels.release()
+
+    def _run_channel(
+        self,
+        command: str,
+        on_stdout: Callable[[bytes], Any],
+        on_stderr: Callable[[bytes], Any] | None,
+        stdin: bytes | IO[bytes] | None,
+        timeout: float,
+        purpose: str,
+        deadline: float,
+    ) -> int:
+        channel = self._connection().open_channel(deadline)
         with channel:  # leaving it closes the channel, which ends a command stopped early
             channel.settimeout(timeout)
             channel.exec_command(f"bash -c {shlex.quote(command)}")
