@@ -22,7 +22,6 @@ from typing import Any
 
 from airflow_sky.gang import state as js
 from airflow_sky.gang.phases import BUCKETS_INFO_KEY
-from airflow_sky.node import buckets
 from airflow_sky.node.client import NodeClient
 from airflow_sky.task.storage import COPY, BucketMount
 
@@ -107,6 +106,10 @@ class CredentialRefresh:
 
     def refresh(self, state: js.JobState) -> js.JobState:
         """Mint a fresh credential from the job's bucket record and write it to every node; record it."""
+        # Lazily: node.buckets loads Airflow's object storage, which the CLI's read-only commands (queue,
+        # status: they import the gang core) must not pay for.
+        from airflow_sky.node import buckets
+
         issued = self._clock()
         record = state.info.get(BUCKETS_INFO_KEY) or {}
         plan = buckets.plan_from_record({**record, "mounts": [m.to_dict() for m in served_mounts(record)]})

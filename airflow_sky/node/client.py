@@ -17,6 +17,7 @@ from typing import IO, Any
 import paramiko
 
 from airflow_sky.errors import RemoteError
+from airflow_sky.node import connection as node_connection
 from airflow_sky.node.bounded_read import (
     EXEC_TIMEOUT_S,
     MAX_EXEC_OUTPUT_BYTES,
@@ -36,7 +37,6 @@ from airflow_sky.node.connection import (
     CONNECTIONS,
     CONNECTIONS_LOCK,
     MAX_CHANNELS,
-    SFTP_TIMEOUT_S,
     SharedConnection,
 )
 from airflow_sky.node.pinned_ssh import PinnedConnector, host_key_mismatch_message
@@ -223,7 +223,7 @@ class NodeClient:
                 self.reset()  # the channel is out of step with the server now
                 raise RemoteError(
                     f"{operation} on node rank {self.node.rank} ({self.node.ssh_host}): no answer within "
-                    f"{SFTP_TIMEOUT_S:.0f}s"
+                    f"{node_connection.SFTP_TIMEOUT_S:.0f}s"
                 ) from e
             except (paramiko.SSHException, EOFError) as e:
                 self.reset()

@@ -52,9 +52,9 @@ def test_a_node_whose_server_stops_answering_fails_sftp_within_its_deadline(loca
 
     from airflow_sky.errors import RemoteError
     from airflow_sky.infra.local import daemon
-    from airflow_sky.node import client as node_client
+    from airflow_sky.node import connection as node_connection
 
-    monkeypatch.setattr(node_client, "SFTP_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(node_connection, "SFTP_TIMEOUT_S", 2.0)
     name, nodes, key = local_cluster(1)
     with NodeClient(nodes[0], key) as client:
         assert client.read_file("nothing-here") is None  # the SFTP channel is open
