@@ -100,8 +100,9 @@ def sky_job(
     :param follow_run: default True; False ends the group once every rank's run started (`--detach-run`):
         no run_follow, collect or teardown; the job keeps running on the kept cluster.
     :param aws_conn_id: the connection for `s3://` buckets (file_mounts and artifacts_to): named buckets are
-        created and deleted with it, and the nodes get its credentials unless the infra gives them an
-        identity of their own (default `aws_default`).
+        created and deleted with it; on aws the nodes get a session minted from it, scoped to the job's
+        buckets (never its keys), unless the infra gives them an identity of their own; local and ssh nodes
+        mint theirs from `sky_nodes_aws` (default `aws_default`).
     :param gcp_conn_id: the same for `gs://` buckets (default `google_cloud_default`).
     :param deferrable: the setup and run follow tasks wait in the triggerer while their node runs, holding
         no worker slot (default: `[operators] default_deferrable`).
