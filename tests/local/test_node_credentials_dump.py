@@ -56,12 +56,13 @@ def _conn(s3: S3Server, secret: str) -> str:
     return json.dumps(conn)
 
 
-@pytest.mark.parametrize("infra", ["local", "aws/us-east-1"])
-def test_no_file_env_or_process_on_a_node_holds_the_provisioning_secret(local_cluster, s3, infra) -> None:
-    _, nodes, key = local_cluster(1)
+def attach_and_dump(client: NodeClient, s3: S3Server, infra: str, jobs: str, data: str) -> None:
+    """Attach a MOUNT of `data` and a jobs-bucket COPY of `jobs` with the plan the worker builds for `infra`,
+    dump what the node's user can read, and check that no connection's secret is there (the scoped
+    session is, which shows the dump sees the files)."""
     mounts = [
-        BucketMount("~/ckpt", "s3", DATA, "", MOUNT),
-        BucketMount("~/sky_workdir", "s3", JOBS, "uploads/run-7/workdir", COPY),  # a managed job's upload
+        BucketMount("~/ckpt", "s3", data, "", MOUNT),
+        BucketMount("~/sky_workdir", "s3", jobs, "uploads/run-7/workdir", COPY),  # a managed job's upload
     ]
     env = {
         "AIRFLOW_CONN_AWS_DEFAULT": _conn(s3, PROVISIONING_SECRET),
@@ -73,18 +74,24 @@ def test_no_file_env_or_process_on_a_node_holds_the_provisioning_secret(local_cl
     assert plan is not None
     token = plan.served["s3"].options["session_token"]
     lines: list[str] = []
-    with NodeClient(nodes[0], key) as client:
-        buckets.attach_buckets(client, plan, lines.append)
-        rc, out, err = client.exec(
-            f"cat ~/sky_workdir/train.py && echo x > ~/ckpt/written && ls ~/ckpt && bash -c {shlex.quote(DUMP)}",
-            stdin=f"{PROVISIONING_SECRET}\n{NODE_DATA_SECRET}\n{token}\n".encode(),
-            timeout=600,  # every file of the node's home and /tmp, on a machine that may be busy
-        )
-        assert rc == 0, err.decode()
-        found = out.decode()
-        buckets.detach_buckets(client, lines.append)
+    buckets.attach_buckets(client, plan, lines.append)
+    rc, out, err = client.exec(
+        f"cat ~/sky_workdir/train.py && echo x > ~/ckpt/written && ls ~/ckpt && bash -c {shlex.quote(DUMP)}",
+        stdin=f"{PROVISIONING_SECRET}\n{NODE_DATA_SECRET}\n{token}\n".encode(),
+        timeout=600,  # every file of the node's home and /tmp, on a machine that may be busy
+    )
+    assert rc == 0, err.decode()
+    found = out.decode()
+    buckets.detach_buckets(client, lines.append)
     assert "print('hi')" in found and "written" in found  # the jobs-bucket COPY and the MOUNT both work
     assert found.rstrip().endswith("done")
     assert f"FOUND {token[:12]}" in found and "creds/" in found  # the dump sees the node's files
     assert f"FOUND {PROVISIONING_SECRET[:12]}" not in found, found
     assert f"FOUND {NODE_DATA_SECRET[:12]}" not in found, found
+
+
+@pytest.mark.parametrize("infra", ["local", "aws/us-east-1"])
+def test_no_file_env_or_process_on_a_node_holds_the_provisioning_secret(local_cluster, s3, infra) -> None:
+    _, nodes, key = local_cluster(1)
+    with NodeClient(nodes[0], key) as client:
+        attach_and_dump(client, s3, infra, JOBS, DATA)

@@ -11,18 +11,14 @@ shows the dump sees the files.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 
 import pytest
 
 from airflow_sky.infra.base import ProvisionRequest
 from airflow_sky.infra.ssh.cloud import SshCloud
-from airflow_sky.node import buckets
 from airflow_sky.node.client import NodeClient
-from airflow_sky.task.storage import COPY, MOUNT, BucketMount
-from tests.envs import patched_environ
-from tests.local.test_node_credentials_dump import DUMP, NODE_DATA_SECRET, PROVISIONING_SECRET, _conn
+from tests.local.test_node_credentials_dump import attach_and_dump
 from tests.s3server import S3Server
 from tests.ssh.conftest import POOL
 from tests.ssh.sshd import SshdPool
@@ -47,35 +43,8 @@ def test_no_file_env_or_process_on_a_pool_host_holds_the_provisioning_secret(
 ) -> None:
     cloud = SshCloud(POOL)
     (node,) = cloud.provision(ProvisionRequest("dump", 1))
-    mounts = [
-        BucketMount("~/ckpt", "s3", DATA, "", MOUNT),
-        BucketMount("~/sky_workdir", "s3", JOBS, "uploads/run-7/workdir", COPY),  # a managed job's upload
-    ]
-    env = {
-        "AIRFLOW_CONN_AWS_DEFAULT": _conn(s3, PROVISIONING_SECRET),
-        "AIRFLOW_CONN_SKY_NODES_AWS": _conn(s3, NODE_DATA_SECRET),
-    }
     try:
-        with patched_environ(env):
-            record = buckets.bucket_record(mounts, None, None, frozenset(), infra=f"ssh/{POOL}")
-            plan = buckets.plan_from_record(record)
-        assert plan is not None
-        token = plan.served["s3"].options["session_token"]
-        lines: list[str] = []
         with NodeClient(node, cloud.key_file_for("dump", node)) as client:
-            buckets.attach_buckets(client, plan, lines.append)
-            rc, out, err = client.exec(
-                f"cat ~/sky_workdir/train.py && echo x > ~/ckpt/written && ls ~/ckpt && bash -c {shlex.quote(DUMP)}",
-                stdin=f"{PROVISIONING_SECRET}\n{NODE_DATA_SECRET}\n{token}\n".encode(),
-                timeout=600,  # every file of the user's home and /tmp, on a machine that may be busy
-            )
-            assert rc == 0, err.decode()
-            found = out.decode()
-            buckets.detach_buckets(client, lines.append)
+            attach_and_dump(client, s3, f"ssh/{POOL}", JOBS, DATA)
     finally:
         cloud.terminate("dump")
-    assert "print('hi')" in found and "written" in found  # the jobs-bucket COPY and the MOUNT both work
-    assert found.rstrip().endswith("done")
-    assert f"FOUND {token[:12]}" in found and "creds/" in found  # the dump sees the node's files
-    assert f"FOUND {PROVISIONING_SECRET[:12]}" not in found, found
-    assert f"FOUND {NODE_DATA_SECRET[:12]}" not in found, found
