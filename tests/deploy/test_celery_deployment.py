@@ -90,7 +90,7 @@ KILLED_DAG = """
 from airflow.sdk import DAG
 from airflow_sky import Task, sky_job
 
-task = Task(name="killed", num_nodes=3, run='echo "rank $SKYPILOT_NODE_RANK up"; sleep 300')
+task = Task(name="killed", num_nodes=3, run='echo "rank $SKYPILOT_NODE_RANK up"; sleep 3600')
 with DAG("celery_killed", schedule=None, catchup=False):
     sky_job(task, cluster_name="celery-killed", infra="ssh/stack", conn_id="sky_pool", deferrable=False)
 """
@@ -253,10 +253,10 @@ def test_a_follow_task_marked_failed_cancels_the_job_and_the_teardown_still_free
     }
     assert run["state"] == "failed"
     assert states[("run_follow", 0)] == "failed"
-    # The other ranks were stopped (not left to sleep out their 300 s), and the teardown ran.
+    # The other ranks were stopped, not left to sleep out their 3600 s (the stack's deadline is 480 s for all
+    # runs, so a run that ended at all was cancelled), and the teardown ran.
     assert {states[("run_follow", 1)], states[("run_follow", 2)]} <= {"failed", "upstream_failed"}
     assert states[("teardown", -1)] == "success", states
-    assert stack_report["run_s"] < 240
     logs = "\n".join(run["logs"].values())
     # Cancelled by the marked task's on_kill, or (marked before it ran) by a sibling that saw it failed.
     assert (

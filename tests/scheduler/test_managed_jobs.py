@@ -13,11 +13,15 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from airflow_sky.infra.local import daemon
 from tests.scheduler.jobs_driver import HOSTILE, SECRET, WORKER_KEY
 from tests.scheduler.stack import run_in_private_network, terminate_clusters
 
 DRIVER = Path(__file__).with_name("jobs_driver.py")
+# The driver has its own 1200 s limit (a fresh stack, eight launches, a recovery): pytest must not cut it first.
+pytestmark = pytest.mark.timeout(1300)
 
 
 def test_a_managed_job_starts_on_a_fresh_stack_outlives_its_cli_recovers_a_preempted_node_and_a_cancelled_one_leaves_no_node(
