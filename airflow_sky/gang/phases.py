@@ -22,6 +22,7 @@ from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs, rclone
 from airflow_sky.node.client import FileTooLarge, NodeClient, UnsafeRemoteFile
+from airflow_sky.node.container import container_name
 from airflow_sky.node.git_commit import resolve_commit
 from airflow_sky.task import GitWorkdir, Task, envs
 from airflow_sky.task.diagnostics import did_you_mean
@@ -281,6 +282,7 @@ def start_script(
         handle.generation,
         autostop=cluster.autostop_for(task.resources),
         flush=rclone.flushed_mounts([BucketMount.from_dict(m) for m in record.get("mounts") or []]),
+        container=container_name(client.node) if task.container is not None else None,
     )
 
 

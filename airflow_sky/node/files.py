@@ -13,10 +13,12 @@ from collections.abc import Callable
 from airflow_sky.errors import SpecError
 from airflow_sky.node.buckets import BucketPlan, attach_buckets
 from airflow_sky.node.client import NodeClient
+from airflow_sky.node.container import deployment_settings, ensure_container
 from airflow_sky.node.git_commit import checkout_task_workdir
 from airflow_sky.node.paths import WORKDIR, remote_path
 from airflow_sky.node.sync import sync_dir
 from airflow_sky.task import StorageMount, Task, is_bucket_uri
+from airflow_sky.task.container import registry_login
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +78,17 @@ def upload_task_files(
         )
     if buckets is not None and buckets.mounts:
         attach_buckets(client, buckets, log)
+    if task.container is not None:  # last: it binds the mounts' paths, which exist now
+        runtime, options = deployment_settings()
+        ensure_container(
+            client,
+            task.container,
+            registry_login(task.envs_and_secrets),
+            log,
+            binds=[dst for dst in task.file_mounts if posixpath.isabs(dst)],
+            deployment_options=options,
+            preferred=runtime,
+        )
     return UploadResult(sent, method)
 
 

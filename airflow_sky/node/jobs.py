@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from airflow_sky.errors import RemoteError
-from airflow_sky.node import shell
+from airflow_sky.node import container, shell
 from airflow_sky.node.autostop import NodeAutostop, arm_command
 from airflow_sky.node.client import MAX_SMALL_FILE_BYTES, FileTooLarge, NodeClient, UnsafeRemoteFile
 from airflow_sky.node.paths import JOBS_DIR
@@ -72,14 +72,17 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def job_files(script: str, env: Mapping[str, str], flush: Sequence[FlushedMount] = ()) -> bytes:
+def job_files(
+    script: str, env: Mapping[str, str], flush: Sequence[FlushedMount] = (), container: str | None = None
+) -> bytes:
     """The tar stream `shell.start_command` unpacks: the script, its env file, the wrapper (waiting for the
-    uploads of the mounts `flush` before the verdict), the job's Python helpers and a marker."""
+    uploads of the mounts `flush` before the verdict; running the script in the node's `container` when
+    there is one), the job's Python helpers and a marker."""
     return _tar(
         {
             "script.sh": (script.encode(), 0o700),
             "env": (envs.env_file_text(env).encode(), 0o600),
-            "launch.sh": (shell.launch_script(flush).encode(), 0o700),
+            "launch.sh": (shell.launch_script(flush, container, sorted(env)).encode(), 0o700),
             **{path: (data, 0o600) for path, data in job_python_files().items()},
             # Last: tar takes a stream cut at a member's header for the archive's end, so only this
             # marker on the node tells that every file arrived.
@@ -96,14 +99,16 @@ def start_job(
     generation: int = 0,
     autostop: NodeAutostop | None = None,
     flush: Sequence[FlushedMount] = (),
+    container: str | None = None,
 ) -> JobStart:
     """Start `script` detached under bash in ~/sky_workdir with `env`; a second call attaches instead.
 
     With `autostop`, the node's watcher is (re)armed first: every start does it, so a node that replaced a
     lost one is armed like the rest. `flush`: the job's bucket mounts whose uploads its verdict waits for
-    (rclone.flushed_mounts).
+    (rclone.flushed_mounts). `container`: the node's container (node.container.container_name) the script
+    runs in, for a task with `image_id: docker:...`.
     """
-    payload = job_files(script, env, flush)
+    payload = job_files(script, env, flush, container)
     command = shell.start_command(job_id, generation)
     if autostop is not None:
         command = f"( {arm_command(autostop)} ) >/dev/null 2>&1\n{command}"
@@ -206,9 +211,11 @@ def kill_job(
     """Stop every process of the job's generation (by its mark, setsid or not, and the process groups they
     lead); returns the exit code now recorded (None if it never started)."""
     record = record_exit_code if record_exit_code is not None else 128 + int(sig)
-    rc, out, err = client.exec(
-        shell.kill_command(job_id, generation, sig, grace_s, record), timeout=grace_s + 60
-    )
+    command = shell.kill_command(job_id, generation, sig, grace_s, record)
+    # A job in the node's container: its processes are signalled from inside too (a root-owned container's
+    # cannot be from outside), then from here, where the wrapper and the runtime's exec client live.
+    inside = container.kill_inside(container.container_name(client.node), command)
+    rc, out, err = client.exec(f"( {inside} ) >/dev/null 2>&1\n{command}", timeout=2 * grace_s + 300)
     if rc != 0:
         raise RemoteError(
             f"could not kill job {job_id} on node rank {client.node.rank}: {err.decode(errors='replace').strip()}"

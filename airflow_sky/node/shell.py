@@ -19,6 +19,7 @@ import signal
 from collections.abc import Sequence
 
 from airflow_sky.node.autostop import TOUCH_ACTIVITY
+from airflow_sky.node.container import exec_words, launch_prelude
 from airflow_sky.node.paths import JOBS_DIR, WORKDIR
 from airflow_sky.node.processes import JOB_MARK_ENV, MARKED, SIGNAL_MARKED, end_marked_command
 from airflow_sky.node.python_lib import LIB_DIR
@@ -56,7 +57,22 @@ def job_mark(job_id: str, generation: int) -> str:
 KEPT_JOB_DIRS = 100
 
 
-def launch_script(flush: Sequence[FlushedMount] = ()) -> str:
+# What a job in a container gets from its wrapper besides its env file's names (node.container.exec_words).
+CONTAINER_ENV = (
+    "HOME",
+    JOB_MARK_ENV,
+    "AIRFLOW_SKY_XCOM_DIR",
+    "AIRFLOW_SKY_JOB_DIR",
+    "AIRFLOW_SKY_PYTHONPATH",
+    "PYTHONPATH",
+    "CUDA_VISIBLE_DEVICES",  # a local node's share of the host's GPUs
+    "NVIDIA_VISIBLE_DEVICES",
+)
+
+
+def launch_script(
+    flush: Sequence[FlushedMount] = (), container: str | None = None, env_names: Sequence[str] = ()
+) -> str:
     """The detached wrapper (launch.sh) for one generation; it runs in the generation dir's parent job dir.
 
     `$$` is the process group id: setsid made this shell a session leader, and cancellation signals the
@@ -70,6 +86,9 @@ def launch_script(flush: Sequence[FlushedMount] = ()) -> str:
 
     The whole wrapper is one function, parsed before anything runs: bash reads a script file as it goes,
     and the job can reach this file ($AIRFLOW_SKY_JOB_DIR).
+
+    With `container` (the node's container, node.container), the script runs inside it, with the env
+    file's `env_names` and the wrapper's own variables passed by name; the wrapper itself stays here.
     """
     flush_call = (
         f'  sky_flush {" ".join(shlex.quote(w) for m in flush for w in m.words())} >> "$d/log" 2>&1 '
@@ -77,6 +96,14 @@ def launch_script(flush: Sequence[FlushedMount] = ()) -> str:
         if flush
         else ""
     )
+    run_line = '  bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null\n'
+    if container is not None:
+        run_line = (
+            launch_prelude(container)
+            + "\n  "
+            + exec_words(container, [*CONTAINER_ENV, *env_names])
+            + ' /bin/bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null\n'
+        )
     return (
         (flush_function() + "\n" if flush else "")
         + f"""\
@@ -96,8 +123,7 @@ sky_launch() {{
   export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}$AIRFLOW_SKY_PYTHONPATH"
   mkdir -p "$HOME/{WORKDIR}" "$AIRFLOW_SKY_XCOM_DIR"
   cd "$HOME/{WORKDIR}"
-  bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null
-  ec=$?
+{run_line}  ec=$?
 {flush_call}  # A job can reach this dir: whatever it left at exit_code gives way to the real one.
   [ -f "$d/exit_code" ] && [ ! -L "$d/exit_code" ] || rm -rf -- "$d/exit_code"
   echo "$ec" > "$d/exit_code.tmp" && mv -T -- "$d/exit_code.tmp" "$d/exit_code"

@@ -12,6 +12,7 @@ from typing import Any, ParamSpec, Unpack
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task import overrides as ov
+from airflow_sky.task.container import ContainerSpec, container_spec, inert_config_paths
 from airflow_sky.task.diagnostics import (
     PYTHON_SOURCE,
     STRING_SOURCE,
@@ -184,8 +185,13 @@ class Task:
             self._load_substituted(config, ctx)
         except SpecError as e:  # a message may quote a value that a secret was substituted into
             raise SpecError(self.hide_secrets(str(e))) from None
+        try:
+            self.container  # noqa: B018 - validated now, so a bad image fails at load time
+        except SpecError as e:
+            raise SpecError(f"{ctx.source}: {e}") from None
         for key in self.extra_fields:
-            ctx.note_inert([key])
+            for path in inert_config_paths(self.extra_fields[key]) if key == "config" else [key]:
+                ctx.note_inert([path])
         for dst, src in self.file_mounts.items():
             if isinstance(src, StorageMount) and src.config is not None:
                 ctx.note_inert(["file_mounts", dst, "config"])
@@ -278,6 +284,11 @@ class Task:
     def envs_and_secrets(self) -> dict[str, str]:
         """Envs then secrets (a secret wins on a shared name), as jobs see them."""
         return {**self.envs, **self.secrets}
+
+    @property
+    def container(self) -> ContainerSpec | None:
+        """The image every node runs the job in (`image_id: docker:<image>`), None: on the node itself."""
+        return container_spec(self.resources.image_id, self.extra_fields.get("config"))
 
     @property
     def job_recovery(self) -> JobRecovery:

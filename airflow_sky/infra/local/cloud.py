@@ -23,6 +23,7 @@ from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.infra.local import daemon, layout
+from airflow_sky.infra.local.containers import remove_containers
 from airflow_sky.infra.local.state_store import LocalStateStore
 from airflow_sky.infra.state_store import StateStore
 from airflow_sky.task import gpus_per_node
@@ -205,6 +206,7 @@ class LocalCloud(Cloud):
     def terminate(self, cluster_name: str) -> None:
         cluster_dir = layout.cluster_dir(cluster_name)
         daemon.kill_marked(cluster_name)
+        remove_containers(p.name for p in _instance_dirs(cluster_name))
         for node_dir in _instance_dirs(cluster_name):
             _remove_home(node_dir)
         shutil.rmtree(cluster_dir, ignore_errors=True)
@@ -347,6 +349,7 @@ class LocalCloud(Cloud):
 
     def _retire(self, cluster_name: str, instance_id: str) -> None:
         daemon.kill_marked(daemon.marker(cluster_name, instance_id))
+        remove_containers([instance_id])
         node_dir = layout.instances_dir(cluster_name) / instance_id
         _remove_home(node_dir)
         shutil.rmtree(node_dir, ignore_errors=True)
