@@ -13,8 +13,10 @@ from typing import Any, Protocol, TypeVar
 from airflow_sky.errors import ClusterError, RemoteError, SpecError
 from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.client import NodeClient
+from airflow_sky.node.container_login import PREP_WAIT_S, boot_prep_script, prep_report_command
 from airflow_sky.node.record import Node
 from airflow_sky.task import Resources
+from airflow_sky.task.container import parse_image
 
 log = logging.getLogger(__name__)
 
@@ -94,21 +96,62 @@ def wait_for_ssh(cloud: str, nodes: Sequence[Node], key_file: str, timeout_s: fl
 
 def image_for(resources: Resources, region: str, cloud: str, forms: str) -> str | None:
     """`image_id` for this region (a string for all regions, or a mapping region -> image); None: the
-    cloud's default. Container images are refused: the nodes are VMs."""
+    cloud's default. A container image (`docker:<image>`) runs on the default image, which has Docker
+    (the node's boot prep installs it where a VM image has none): None too. `forms` names the VM images
+    `cloud` takes, for the error about a mapping without this region."""
+    if container_image(resources) is not None:
+        return None
     image = resources.image_id
     if isinstance(image, dict):
         chosen = image.get(region)
         if chosen is None:
             raise SpecError(
-                f"resources.image_id: no image for region {region} (the mapping has {', '.join(sorted(image))})"
+                f"resources.image_id: no image for region {region} (the mapping has {', '.join(sorted(image))}); "
+                f"give {forms} for each region"
             )
         image = str(chosen)
-    if image is not None and image.startswith("docker:"):
-        raise SpecError(
-            f"resources.image_id: {image}: container images are not supported on {cloud}; give {forms}, "
-            "or leave image_id out for the deep-learning image"
-        )
     return image
+
+
+def container_image(resources: Resources | None) -> str | None:
+    """The container image of `image_id: docker:<image>` (None: the task runs on the VM itself)."""
+    return parse_image(resources.image_id) if resources is not None else None
+
+
+def container_note(resources: Resources | None) -> str | None:
+    """What `--dryrun` and the provision log say of a container task on a cloud."""
+    image = container_image(resources)
+    if image is None:
+        return None
+    return (
+        f"container: {image} (Docker on the default image: installed at boot if missing, the image pulled "
+        "at boot; setup and run execute inside it)"
+    )
+
+
+def boot_prep(resources: Resources | None, ssh_user: str) -> str | None:
+    """The root script a cloud node runs at boot for a container task (None for another task): Docker
+    ensured, the image pulled in the background (node/container_login.py). It holds no secret."""
+    image = container_image(resources)
+    return boot_prep_script(image, ssh_user) if image is not None else None
+
+
+def report_container_prep(cloud: str, cluster: str, nodes: Sequence[Node], key_file: str) -> None:
+    """Into the provision log (the infra's logger): each node's record of its boot prep, once it ended
+    (waited for at most PREP_WAIT_S): Docker installed or found, the image's pull and its time. A node
+    that cannot be asked is said, not fatal: the job's sync pulls the image itself."""
+    for node in nodes:
+        try:
+            with NodeClient(node, key_file, conn_retry_attempts=1) as client:
+                rc, out, err = client.exec(prep_report_command(), timeout=PREP_WAIT_S + 120)
+        except (RemoteError, OSError) as e:
+            log.warning("%s: %s: rank %d: no record of its container prep: %s", cloud, cluster, node.rank, e)
+            continue
+        text = out.decode(errors="replace").strip()
+        if rc != 0:
+            text += f"\n(its record could not be read: exit code {rc}: {err.decode(errors='replace').strip()[-300:]})"
+        for line in text.splitlines()[-40:]:
+            log.info("%s: %s: rank %d: %s", cloud, cluster, node.rank, line)
 
 
 def disk_size_gb(resources: Resources) -> int:

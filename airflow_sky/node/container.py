@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from airflow_sky.errors import RemoteError, SpecError
 from airflow_sky.node.client import NodeClient
+from airflow_sky.node.container_login import boot_wait_function, identity_login
 from airflow_sky.node.record import Node
 from airflow_sky.task.container import ContainerSpec, RegistryLogin
 
@@ -107,11 +108,14 @@ def ensure_command(
     deployment_options: Sequence[str] = (),
     gpus: bool = False,
     preferred: str = "auto",
+    identity: str = "",
 ) -> str:
     """Shell that makes the node's container run `spec.image` (idempotent): an existing one of the same
     image is started if stopped and kept; one of another image is an error; none is pulled (the login, if
     any, is read from stdin: username, password, server, one per line) and started. Prints one line:
-    `reused <runtime>` or `started <runtime> <seconds the pull took>`. Nothing is left behind on failure."""
+    `reused <runtime>` or `started <runtime> <seconds the pull took>`. Nothing is left behind on failure.
+    `identity`: shell that logs in as the node's cloud identity when no username was read
+    (container_login.identity_login); a cloud node's boot prep is waited for before the runtime pick."""
     q = shlex.quote
     bind_words = " ".join(f"-v {q(p + ':' + p)}" for p in sorted(set(binds)))
     options = " ".join(q(w) for w in [*deployment_options, *spec.run_options])
@@ -120,6 +124,7 @@ def ensure_command(
 set -u
 {pick_runtime_function(preferred)}
 {_HOLDER}
+{boot_wait_function()}
 name={q(name)}
 image={q(spec.image)}
 IFS= read -r user || user=
@@ -137,6 +142,7 @@ if rt=$(sky_holder "$name"); then
   fi
   echo "reused $rt"; exit 0
 fi
+sky_boot_wait
 rt=$(sky_runtime) || {{ echo "no container runtime: install Docker (with its daemon running) or Podman on the node" >&2; exit {_NO_RUNTIME}; }}
 tmp=$(mktemp -d)
 trap 'rm -rf -- "$tmp"' EXIT
@@ -145,6 +151,7 @@ if [ -n "$user" ]; then
   printf '%s\\n' "$pass" | timeout 120 "$rt" login --username "$user" --password-stdin ${{server:+"$server"}} > "$tmp/login.out" 2>&1 || {{
     echo "login to ${{server:-the registry}} as $user failed: $(tail -c 400 "$tmp/login.out")" >&2; exit {_LOGIN_FAILED}; }}
 fi
+{identity}
 pass=
 t0=$(date +%s)
 case "$image" in
@@ -191,6 +198,7 @@ def ensure_container(
         deployment_options=deployment_options,
         gpus=node.gpus > 0,
         preferred=preferred,
+        identity=identity_login(spec.image) if login is None else "",
     )
     stdin = "\n".join([login.username, login.password, login.server] if login else ["", "", ""]) + "\n"
     rc, out, err = client.exec(command, stdin=stdin.encode(), timeout=PULL_TIMEOUT_S + 600)

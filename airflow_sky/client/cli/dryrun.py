@@ -15,6 +15,7 @@ _ROWS = 6  # the chosen offering and the next cheapest instance types
 def print_plan(task: Task, infra: str, console: Console) -> None:
     from airflow_sky.infra import catalog
     from airflow_sky.infra.optimizer import best_per_instance_type, network_note, plan
+    from airflow_sky.infra.provisioning import container_note
 
     cloud = infra.split("/", 1)[0].lower()
     # SkyPilot's plain layout (no vertical rules), so a row fits an 80-column terminal.
@@ -56,6 +57,9 @@ def print_plan(task: Task, infra: str, console: Console) -> None:
     note = network_note(choices[0], resources) if choices else None
     if note:
         console.print(escape(note))
+    container = container_note(resources)
+    if container:
+        console.print(escape(container))
     meta = catalog.meta()
     console.print(
         f"Cost per hour for all nodes; prices from the catalog of {meta['as_of']} ({meta['source']})."

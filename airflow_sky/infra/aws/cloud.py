@@ -43,7 +43,14 @@ from airflow_sky.infra.aws.placement import Placement
 from airflow_sky.infra.base import Node, ProvisionRequest
 from airflow_sky.infra.keys import public_key_of
 from airflow_sky.infra.provisioner import LaunchOrder, Survey
-from airflow_sky.infra.provisioning import NoCapacity, disk_size_gb, image_for
+from airflow_sky.infra.provisioning import (
+    NoCapacity,
+    container_image,
+    container_note,
+    disk_size_gb,
+    image_for,
+    report_container_prep,
+)
 from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
@@ -87,6 +94,8 @@ class AwsCloud(AwsLauncher):
 
     def provision(self, request: ProvisionRequest) -> list[Node]:
         nodes = provisioner.provision(self, request)
+        if container_image(request.resources) is not None:  # Docker and the image's pull, from each boot
+            report_container_prep("aws", request.cluster_name, nodes, self.settings.ssh_key_file)
         if request.resources is not None and request.resources.ports:
             # Nodes that were up already get the ports asked too (a launch made its own ones with them).
             self._open_ports_on_nodes(request.cluster_name, request.resources)
@@ -146,7 +155,11 @@ class AwsCloud(AwsLauncher):
             self.image_parameters,
         )
         disk = disk_size_gb(resources)
-        self._record_placement(cluster, placement, image, disk)
+        note = container_note(resources)
+        if note is not None:
+            log.info("aws: %s: %s", cluster, note)
+        container = f"docker:{container_image(resources)}" if note is not None else None
+        self._record_placement(cluster, placement, image, disk, container)
         owned = self._prepare_network(cluster, ec2, region, placement, resources)
         ids: list[str] = []
         try:
@@ -260,7 +273,7 @@ class AwsCloud(AwsLauncher):
         same = Resources(
             instance_type=placement.instance_type,
             use_spot=placement.use_spot,
-            image_id=launched.get("image"),
+            image_id=launched.get("container") or launched.get("image"),
             disk_size=launched.get("disk_size"),
             **self._owned_resources(cluster_name),  # its placement group, ports, disk tier, labels
         )

@@ -14,7 +14,7 @@ from airflow_sky.infra.aws import instances, launch_spec, pinning
 from airflow_sky.infra.aws.owned_network import AwsOwnedNetwork, OwnedNetwork, interface_note
 from airflow_sky.infra.aws.placement import Placement
 from airflow_sky.infra.provisioner import LaunchOrder
-from airflow_sky.infra.provisioning import NoCapacity
+from airflow_sky.infra.provisioning import NoCapacity, boot_prep
 from airflow_sky.task import Resources
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ class AwsLauncher(AwsOwnedNetwork):
             image=image,
             root_device=root_device,
             tags=[*tags, *launch_spec.host_key_tags(host_key.public)],
-            user_data=pinning.user_data(host_key),
+            user_data=pinning.user_data(host_key, boot_prep(resources, self.settings.ssh_user)),
             volume_tags=launch_spec.volume_tags(cluster, resources.labels),
             disk_size=disk,
             disk_tier=resources.disk_tier,

@@ -29,11 +29,13 @@ from botocore.exceptions import ClientError
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.host_keys import host_key_from_console
+from airflow_sky.node.container_login import PREP_RUNNING
 
 _FINGERPRINTS_BLOCK = re.compile(
     r"-----BEGIN SSH HOST KEY FINGERPRINTS-----(.*?)-----END SSH HOST KEY FINGERPRINTS-----", re.S
 )
 _SHA256 = re.compile(r"\bSHA256:([A-Za-z0-9+/]{43})\b")
+PREP_SCRIPT = "/var/lib/cloud/airflow-sky-container-prep.sh"  # a container task's boot prep (root's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,16 +58,24 @@ def new_host_key() -> HostKeySeed:
     return HostKeySeed(private, public.decode())
 
 
-def user_data(seed: HostKeySeed) -> str:
+def user_data(seed: HostKeySeed, container_prep: str | None = None) -> str:
     """The cloud-config that makes `seed` the instance's only SSH host key (JSON is YAML: pure).
 
     `ssh_deletekeys` drops the image's keys and `ssh_genkeytypes: []` makes none besides, so the machine
-    has no other key to present."""
-    config = {
+    has no other key to present. `container_prep` (a container task: node/container_login.py's boot prep,
+    which holds no secret) is written as a root script and started in the background once per instance;
+    its running mark is made early (bootcmd, before SSH answers) so the job's sync waits for it."""
+    config: dict[str, object] = {
         "ssh_deletekeys": True,
         "ssh_genkeytypes": [],
         "ssh_keys": {"ed25519_private": seed.private, "ed25519_public": seed.public},
     }
+    if container_prep is not None:
+        config |= {
+            "bootcmd": [["cloud-init-per", "instance", "airflow-sky-container-mark", "touch", PREP_RUNNING]],
+            "write_files": [{"path": PREP_SCRIPT, "permissions": "0755", "content": container_prep}],
+            "runcmd": [["sh", "-c", f"nohup /bin/bash {PREP_SCRIPT} >/dev/null 2>&1 &"]],
+        }
     return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"
 
 

@@ -40,15 +40,23 @@ class AwsClusterRecords(AwsConnection, VmCloud):
         return Placement(**{f.name: data[f.name] for f in dataclasses.fields(Placement)})
 
     def _launch_settings(self, cluster_name: str) -> dict[str, Any]:
-        """The image and disk the cluster was launched with: what a replacement node gets too."""
+        """The image and disk the cluster was launched with: what a replacement node gets too (with its
+        container image, `docker:<image>`, when the task runs in one: the replacement's boot pulls it)."""
         data = self._record(cluster_name)
-        return {k: data.get(k) for k in ("image", "disk_size", "shutdown")} if data is not None else {}
+        keys = ("image", "disk_size", "shutdown", "container")
+        return {k: data.get(k) for k in keys} if data is not None else {}
 
-    def _record_placement(self, cluster_name: str, placement: Placement, image: str, disk_size: int) -> None:
+    def _record_placement(
+        self,
+        cluster_name: str,
+        placement: Placement,
+        image: str,
+        disk_size: int,
+        container: str | None = None,
+    ) -> None:
         # Merged: what autostop recorded (the shutdown behavior) stays for the nodes launched later.
-        self._update_record(
-            cluster_name, dataclasses.asdict(placement) | {"image": image, "disk_size": disk_size}
-        )
+        launched = {"image": image, "disk_size": disk_size, "container": container}
+        self._update_record(cluster_name, dataclasses.asdict(placement) | launched)
 
     def _region_of(self, cluster_name: str) -> str | None:
         if self.region:

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_sky.errors import ClusterError, SpecError
-from airflow_sky.infra import catalog, optimizer, provisioner
+from airflow_sky.infra import catalog, optimizer, provisioner, provisioning
 from airflow_sky.infra.base import Endpoint, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.gcp import network, vm_fields, vms
 from airflow_sky.infra.gcp.api import GceError
@@ -129,6 +129,8 @@ class GcpCloud(GcpClusterRecords):
 
     def provision(self, request: ProvisionRequest) -> list[Node]:
         nodes = provisioner.provision(self, request)
+        if provisioning.container_note(request.resources):  # Docker and the image's pull, from each VM's boot
+            provisioning.report_container_prep("gcp", request.cluster_name, nodes, self.settings.ssh_key_file)
         ports = (request.resources or Resources()).ports
         if ports:  # also on a cluster that was already up: the rule becomes exactly the ports asked
             network.ensure_ports(self.api, self.settings, request.cluster_name, ports)
@@ -189,6 +191,8 @@ class GcpCloud(GcpClusterRecords):
         autostop = resources.autostop if isinstance(resources.autostop, dict) else None
         forms = "an image (projects/P/global/images/NAME or .../images/family/F)"
         image = image_for(resources, placement.region, "gcp", forms) or self.default_image
+        if note := provisioning.container_note(resources):
+            log.info("gcp: %s: %s", cluster, note)
         disk = disk_size_gb(resources)
         best = resources.network_tier == "best"
         labels = vm_fields.vm_labels(
@@ -199,7 +203,8 @@ class GcpCloud(GcpClusterRecords):
             dataclasses.asdict(placement)
             | {"num_nodes": max(request.num_nodes, max(ranks) + 1), "image": image, "disk_size": disk}
             | {"network_tier": resources.network_tier, "disk_tier": resources.disk_tier}
-            | {"labels": resources.labels, "policy_region": placement.region if best else None},
+            | {"labels": resources.labels, "policy_region": placement.region if best else None}
+            | {"container": resources.image_id if note else None},  # a replacement pulls it at boot too
         )
         network.ensure_firewalls(self.api, s, cluster)
         disk_spec = vms.DiskSpec(
@@ -234,6 +239,7 @@ class GcpCloud(GcpClusterRecords):
                     service_account=s.service_account,
                     fast=fast,
                     disk=disk_spec,
+                    startup_script=provisioning.boot_prep(resources, s.ssh_user),
                 )
                 try:
                     operations.append(
@@ -331,7 +337,7 @@ class GcpCloud(GcpClusterRecords):
         same = Resources(
             instance_type=placement.machine_type,
             use_spot=placement.use_spot,
-            image_id=record.get("image"),
+            image_id=record.get("container") or record.get("image"),
             disk_size=record.get("disk_size"),
             network_tier=record.get("network_tier"),
             disk_tier=record.get("disk_tier"),

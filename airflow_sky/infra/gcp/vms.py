@@ -196,8 +196,10 @@ def instance_body(
     service_account: str | None = None,
     fast: FastNetwork | None = None,
     disk: DiskSpec | None = None,
+    startup_script: str | None = None,
 ) -> dict[str, Any]:
-    """The instances.insert body of one node."""
+    """The instances.insert body of one node. `startup_script`: a container task's boot prep (root, every
+    boot: node/container_login.py); it holds no secret (the metadata server shows it to the node's jobs)."""
     gpus = accelerator is not None
     disk = disk or DiskSpec()
     interface: dict[str, Any] = {"network": f"global/networks/{network}"}
@@ -238,6 +240,7 @@ def instance_body(
                 {"key": "ssh-keys", "value": f"{ssh_user}:{public_key} {ssh_user}"},
                 {"key": "enable-guest-attributes", "value": "TRUE"},
                 {"key": "install-nvidia-driver", "value": "True"},
+                *([{"key": "startup-script", "value": startup_script}] if startup_script else []),
             ]
         },
         "scheduling": scheduling,
