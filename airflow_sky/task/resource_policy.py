@@ -1,5 +1,5 @@
 """What a managed job may ask of the deployment's machines, as pure rules: the ports it opens, its node count,
-its instance types and its accelerators (the `managed_ports`, `managed_max_nodes`, `managed_instance_types`
+its instance types and its accelerators, and no `docker run` options of its own (the `managed_ports`, `managed_max_nodes`, `managed_instance_types`
 and `managed_accelerators` settings of task.conf_policy, which applies them).
 
 An opened port is reachable from anywhere the infra lets in (aws and gcp open it to 0.0.0.0/0), so a run
@@ -68,6 +68,14 @@ def check_resources(
             f"{source}: task.num_nodes: {task.num_nodes} is more than this deployment allows; at most "
             f"{max_nodes} ({setting_name('managed_max_nodes')}): ask for fewer nodes, or ask the deployment "
             "to raise it"
+        )
+    container = task.container
+    if container is not None and container.run_options:
+        # `--privileged`, `-v /:/host` or `--pid host` would hand the node's host to whoever wrote the conf.
+        raise SpecError(
+            f"{source}: task.config.docker.run_options: a run conf cannot add `docker run` options here "
+            f"(got {' '.join(container.run_options)}); the deployment's own apply "
+            f"({setting_name('docker_run_options')}): drop them, or ask the deployment to set them"
         )
     for candidate in task.resources.candidates():
         for port in candidate.ports or ():

@@ -248,3 +248,18 @@ def test_a_confs_cluster_name_is_the_name_the_cluster_gets_once_read():
     policy = _policy(managed_infras="aws", managed_cluster_names="team-a-*")
     spec = _checked(_conf(infra="aws", cluster_name="Team_A_1"), policy)
     assert spec.cluster_name == "team-a-1"
+
+
+def test_a_run_conf_may_name_a_container_image_but_never_add_docker_run_options():
+    image = {"image_id": "docker:nvcr.io/nvidia/pytorch:24.10-py3"}
+    assert _checked(_conf({"run": "true", "resources": image}, infra="aws"), DEFAULT).infra == "aws"
+    hostile = {
+        "run": "true",
+        "resources": image,
+        "config": {"docker": {"run_options": ["-v /:/host --privileged"]}},
+    }
+    with pytest.raises(SpecError) as refused:
+        _checked(_conf(hostile, infra="aws"), DEFAULT)
+    message = str(refused.value)
+    assert message.startswith("the run conf: task.config.docker.run_options: a run conf cannot add")
+    assert "-v /:/host --privileged" in message and "AIRFLOW__SKY__DOCKER_RUN_OPTIONS" in message
