@@ -59,6 +59,10 @@ class JobHandle:
     sky_task_ids: tuple[str, ...] = ()  # in a pipeline: every task's SKYPILOT_TASK_ID (SKYPILOT_TASK_IDS)
     # A git workdir's commit, pinned once for the job: every node, and a recovery's replacement, checks it out.
     git_commit: str | None = None
+    # The cluster's container image (`image_id: docker:`), pinned when the job was registered: the task's,
+    # or, for a task that names none, the one an earlier job on the cluster runs in (SkyPilot: every job on
+    # a kept cluster runs in its container).
+    container_image: str | None = None
 
     @property
     def run_nodes(self) -> tuple[Node, ...]:
@@ -88,6 +92,8 @@ class JobHandle:
             data["sky_task_ids"] = list(self.sky_task_ids)
         if self.git_commit is not None:
             data["git_commit"] = self.git_commit
+        if self.container_image is not None:
+            data["container_image"] = self.container_image
         if nodes:
             data["nodes"] = [n.to_dict() for n in self.nodes]
         return data
@@ -104,6 +110,7 @@ class JobHandle:
             generation=int(data.get("generation", 0)),
             sky_task_ids=tuple(data.get("sky_task_ids") or ()),
             git_commit=data.get("git_commit"),
+            container_image=data.get("container_image"),
         )
 
 

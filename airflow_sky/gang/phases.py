@@ -166,10 +166,14 @@ def register_job(
     if git_commit is None and isinstance(task.workdir, GitWorkdir):
         git_commit = resolve_commit(task.workdir, task.envs_and_secrets)
 
+    container_image = task.container.image if task.container is not None else _cluster_image(states)
+
     def registered(current: js.JobState) -> js.JobState:
         if current.nodes:
             raise js.Unchanged  # a retried provision: the job keeps its nodes, generation and commit
-        pinned = {"git_commit": git_commit} if git_commit is not None else {}
+        pinned: dict[str, Any] = {"git_commit": git_commit} if git_commit is not None else {}
+        if container_image is not None:
+            pinned[CONTAINER_INFO_KEY] = container_image
         return dataclasses.replace(
             current,
             status=JobStatus.PENDING,
@@ -192,7 +196,19 @@ def register_job(
         num_run_nodes=task.num_nodes,
         sky_task_ids=tuple(state.info.get("sky_task_ids") or pipeline_task_ids),
         git_commit=state.info.get("git_commit") or git_commit,
+        container_image=state.info.get(CONTAINER_INFO_KEY),
     )
+
+
+CONTAINER_INFO_KEY = "container_image"
+
+
+def _cluster_image(states: js.JobStates) -> str | None:
+    """The image the cluster's latest job with one runs in (None: its jobs run on the nodes themselves)."""
+    for state in sorted(states.all(), key=lambda s: s.job_id, reverse=True):
+        if state.info.get(CONTAINER_INFO_KEY):
+            return str(state.info[CONTAINER_INFO_KEY])
+    return None
 
 
 def _wait_until_closed(states: js.JobStates, timeout_s: float = 600.0) -> None:
@@ -282,7 +298,7 @@ def start_script(
         handle.generation,
         autostop=cluster.autostop_for(task.resources),
         flush=rclone.flushed_mounts([BucketMount.from_dict(m) for m in record.get("mounts") or []]),
-        container=container_name(client.node) if task.container is not None else None,
+        container=container_name(client.node) if handle.container_image is not None else None,
     )
 
 

@@ -37,6 +37,7 @@ from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node.buckets import plan_from_record
 from airflow_sky.node.files import upload_task_files
 from airflow_sky.task import Task
+from airflow_sky.task.container import cluster_container
 
 _SETUP_TIMEOUT_S = 3600.0
 HEARTBEAT_S = 5.0
@@ -272,7 +273,9 @@ def _relaunch(
         fence.check(f"set up the replacement node of rank {node.rank}")
         with cluster.client(node) as client:
             commit = state.info.get("git_commit") or handle.git_commit  # the job's one commit
-            upload_task_files(client, task, log, buckets, git_commit=commit)
+            upload_task_files(
+                client, task, log, buckets, git_commit=commit, container=cluster_container(handle)
+            )
         if task.setup:
             _run_setup(cluster, task, new_handle, node, log)
 

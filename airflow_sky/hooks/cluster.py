@@ -38,6 +38,7 @@ from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node import artifacts, buckets
 from airflow_sky.node.files import UploadResult, upload_task_files
 from airflow_sky.task import Task
+from airflow_sky.task.container import ContainerSpec
 from airflow_sky.task.storage import (
     BucketMount,
     bucket_mounts,
@@ -171,10 +172,15 @@ class SkyClusterHook(BaseHook):
         log: Callable[[str], None],
         bucket_plan: buckets.BucketPlan | None = None,
         git_commit: str | None = None,
+        container_image: str | None = None,
     ) -> UploadResult:
-        """The workdir and local file_mounts onto `node`; then the node copies or mounts its buckets."""
+        """The workdir and local file_mounts onto `node`; then the node copies or mounts its buckets and
+        starts the cluster's container (`container_image`, when the job's task names none itself)."""
+        container = ContainerSpec(container_image) if container_image and task.container is None else None
         with self.cluster.client(node) as client:
-            return upload_task_files(client, task, log, bucket_plan, git_commit=git_commit)
+            return upload_task_files(
+                client, task, log, bucket_plan, git_commit=git_commit, container=container
+            )
 
     # ---- buckets ---------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from airflow_sky.node.git_commit import checkout_task_workdir
 from airflow_sky.node.paths import WORKDIR, remote_path
 from airflow_sky.node.sync import sync_dir
 from airflow_sky.task import StorageMount, Task, is_bucket_uri
-from airflow_sky.task.container import registry_login
+from airflow_sky.task.container import ContainerSpec, registry_login
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +55,12 @@ def upload_task_files(
     buckets: BucketPlan | None = None,
     *,
     git_commit: str | None = None,
+    container: ContainerSpec | None = None,
 ) -> UploadResult:
     """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing),
-    then let the node copy or mount its buckets (`buckets`, from node.buckets.bucket_remotes)."""
+    then let the node copy or mount its buckets (`buckets`, from node.buckets.bucket_remotes), then start
+    the node's container: `container`, or the task's own (`image_id: docker:`)."""
+    container = container or task.container
     checkout_task_workdir(client, task, git_commit, log)  # a git workdir: cloned at the job's commit
     sent, method = 0, "none"
     for source, destination in local_uploads(task):
@@ -78,11 +81,11 @@ def upload_task_files(
         )
     if buckets is not None and buckets.mounts:
         attach_buckets(client, buckets, log)
-    if task.container is not None:  # last: it binds the mounts' paths, which exist now
+    if container is not None:  # last: it binds the mounts' paths, which exist now
         runtime, options = deployment_settings()
         ensure_container(
             client,
-            task.container,
+            container,
             registry_login(task.envs_and_secrets),
             log,
             binds=[dst for dst in task.file_mounts if posixpath.isabs(dst)],

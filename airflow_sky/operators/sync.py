@@ -47,6 +47,7 @@ class SkySyncOperator(SkyBaseOperator):
             self.log.info,
             hook.bucket_plan(handle, self.sky_task),
             git_commit=handle.git_commit,
+            container_image=handle.container_image,
         )
         summary: dict[str, Any] = {
             "rank": node.rank,

@@ -151,3 +151,10 @@ def registry_login(env: Mapping[str, str]) -> RegistryLogin | None:
             "is set; a private registry needs both (put the password in secrets)"
         )
     return RegistryLogin(username=username, password=password, server=server)
+
+
+def cluster_container(handle: Any) -> ContainerSpec | None:
+    """The container a job's nodes run (a JobHandle's pinned `container_image`): for a node that replaced
+    a lost one, or a node of a job whose task names no image on a cluster that runs one."""
+    image = getattr(handle, "container_image", None)
+    return ContainerSpec(image=image) if image else None

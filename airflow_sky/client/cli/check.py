@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(task.to_yaml(redact_secrets=not args.show_secrets))
     infra = str(args.infra or task.resources.infra or "local")
     print_infra_effects(task, infra, args.file)
+    print_container_note(task, infra, args.file)
     needs = launch_needs(task, args.file)
     if needs is not None:
         print(f"airflow-sky: note: {needs}", file=sys.stderr)
@@ -80,6 +81,44 @@ def print_infra_effects(task: Task, infra: str, source: str) -> None:
         print(f"airflow-sky: note: {note}", file=sys.stderr)
 
 
+def container_runtimes(infra: str) -> str:
+    """Which container runtime the nodes of `infra` use (`image_id: docker:`); local's is probed here."""
+    kind, _, pool = infra.partition("/")
+    if kind == "local":
+        from airflow_sky.node.container import describe_runtimes
+
+        return f"this machine has {describe_runtimes(_local_probe)}"
+    if kind == "ssh":
+        return (
+            f"each host's Docker or Podman, found at launch (`airflow-sky ssh check {pool or '<pool>'}` "
+            "lists each host's)"
+        )
+    return (
+        "Docker on each node (the default VM image has it; a custom VM image without it gets it at provision)"
+    )
+
+
+def print_container_note(task: Task, infra: str, source: str) -> None:
+    """On stderr, for a task with `image_id: docker:`: where setup and run execute, with which runtime."""
+    spec = task.container
+    if spec is None:
+        return
+    print(
+        f"airflow-sky: note: {source}: resources.image_id: setup and run execute inside {spec.image}, one "
+        f"container per node; on {infra}: {container_runtimes(infra)}",
+        file=sys.stderr,
+    )
+
+
+def _local_probe(command: str) -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(["bash", "-c", command], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _check_pipeline(args: argparse.Namespace) -> int:
     """A pipeline file: every task validated; the normalized documents printed; one line on how it runs."""
     from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
@@ -98,9 +137,9 @@ def _check_pipeline(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     for task in pipeline.tasks:
-        print_infra_effects(
-            task, str(args.infra or task.resources.infra or "local"), f"{args.file} ({task.name})"
-        )
+        infra = str(args.infra or task.resources.infra or "local")
+        print_infra_effects(task, infra, f"{args.file} ({task.name})")
+        print_container_note(task, infra, f"{args.file} ({task.name})")
         needs = launch_needs(task, f"{args.file} ({task.name})")
         if needs is not None:
             print(f"airflow-sky: note: {needs}", file=sys.stderr)

@@ -256,7 +256,9 @@ def _ssh(args: argparse.Namespace) -> int:
     """Replace this process with OpenSSH, using the cluster's key and pinned host keys."""
     from airflow_sky.client import ssh_config
     from airflow_sky.client.cli import ssh_pool
+    from airflow_sky.client.container_ssh import remote_command
     from airflow_sky.client.sdk import cluster_of
+    from airflow_sky.node.container import container_name
 
     if args.cluster in ssh_pool.ACTIONS:
         return ssh_pool.run(args.cluster, args.command)
@@ -281,5 +283,6 @@ def _ssh(args: argparse.Namespace) -> int:
         ssh_config.host_alias(args.cluster, node.rank),
     ]
     sys.stdout.flush()
-    os.execvp("ssh", argv + command)
+    # In the node's container when the cluster's jobs run in one (image_id: docker:), as SkyPilot's does.
+    os.execvp("ssh", [*argv, remote_command(container_name(node), command)])
     return 0  # not reached

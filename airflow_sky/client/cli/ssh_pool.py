@@ -1,8 +1,9 @@
 """`airflow-sky ssh check POOL` and `airflow-sky ssh unlock POOL`: the hosts of an ssh node pool.
 
 `check` connects to every host and prints one row each, like `sky check`: reachable, key accepted, the
-tools the job layer needs (bash, rsync, python3), the GPUs nvidia-smi reports, and who holds the host (read
-from the pool's state host, which `check` needs).
+tools the job layer needs (bash, rsync, python3), the GPUs nvidia-smi reports, the container runtimes
+(`image_id: docker:` needs Docker with its daemon up, or Podman), and who holds the host (read from the
+pool's state host, which `check` needs).
 `unlock` breaks stale locks: a lock whose cluster no longer has the host (torn down while the host was
 off, or replaced away from it); `--force` breaks live ones too.
 """
@@ -19,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from airflow_sky.infra.ssh.cloud import SshCloud
+    from airflow_sky.infra.ssh.cloud import HostStatus, SshCloud
     from airflow_sky.infra.ssh.hosts import HostLock
 
 ACTIONS = ("check", "unlock")
@@ -59,7 +60,7 @@ def _check(cloud: SshCloud) -> int:
         if facts is None:
             healthy = False
             table.add_row(
-                str(host.index), host.name, Text(f"✗ {_short(status.error)}", style="red"), *["-"] * 5
+                str(host.index), host.name, Text(f"✗ {_short(status.error)}", style="red"), *["-"] * 6
             )
             continue
         ok_tools = facts.bash != "-" and facts.python != "-"
@@ -76,9 +77,31 @@ def _check(cloud: SshCloud) -> int:
             Text(_holder(status.lock)),
         )
     console.print(table)
+    console.print(Text(_runtimes_line(statuses)))
     if not healthy:
         console.print("Some hosts cannot run jobs; see the rows marked ✗ or missing.")
     return 0 if healthy else 1
+
+
+def _runtimes(described: str) -> str:
+    """A row's share of what the host said about its runtimes (node.container.describe_runtimes): the ones
+    a container can start with; Docker without its daemon only when there is no other."""
+    found = [] if described.startswith("none") else described.split(", ")
+    usable = [r for r in found if " " not in r]
+    return ",".join(usable) if usable else "docker: no daemon" if found else "none"
+
+
+def _runtimes_line(statuses: Sequence[HostStatus]) -> str:
+    """One line under the table (a column would not fit 80 columns): each reachable host's runtimes."""
+    by_runtime: dict[str, list[str]] = {}
+    for status in statuses:
+        if status.facts is not None:
+            by_runtime.setdefault(_runtimes(status.containers), []).append(status.host.name)
+    reached = sum(len(names) for names in by_runtime.values())
+    if len(by_runtime) == 1 and reached > 1:
+        return f"Container runtime (image_id: docker:): {next(iter(by_runtime))} on every host answering"
+    parts = "; ".join(f"{runtime} on {', '.join(names)}" for runtime, names in by_runtime.items())
+    return f"Container runtime (image_id: docker:): {parts or 'no host answered'}"
 
 
 def _holder(lock: HostLock | None) -> str:

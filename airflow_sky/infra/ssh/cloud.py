@@ -55,6 +55,7 @@ class HostStatus:
     error: str | None = None
     facts: hosts.HostFacts | None = None
     lock: hosts.HostLock | None = None  # who holds it (from the state host)
+    containers: str = "-"  # its container runtimes (node.container.describe_runtimes' words)
 
 
 class SshCloud(PoolHosts, Cloud):
@@ -179,14 +180,16 @@ class SshCloud(PoolHosts, Cloud):
     # ---- pool-only operations ----------------------------------------------------------------------------
 
     def check(self) -> list[HostStatus]:
-        """Every host of the pool: reachable, key accepted, tools present, GPUs, free or held."""
+        """Every host of the pool: reachable, key accepted, tools present, GPUs, container runtimes, free or
+        held."""
 
         held = self._locks.read_all(self.pool.hosts)
 
         def one(host: PoolHost) -> HostStatus:
             try:
                 facts = hosts.probe(self._client(host))
-                return HostStatus(host, True, facts=facts, lock=held.get(host.label))
+                runtimes = hosts.containers(self._client(host))
+                return HostStatus(host, True, facts=facts, lock=held.get(host.label), containers=runtimes)
             except (RemoteError, ClusterError) as e:
                 return HostStatus(host, False, error=str(e), lock=held.get(host.label))
 

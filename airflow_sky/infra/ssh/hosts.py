@@ -8,15 +8,19 @@ who holds one. Shell text comes from the pure functions below.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import shlex
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from airflow_sky.errors import RemoteError
 from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.node.client import NodeClient
+from airflow_sky.node.container import LABEL, describe_runtimes, remove_command
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.node.processes import sweep_user_command
 
@@ -146,6 +150,58 @@ rm -rf -- "$HOME"/{JOBS_DIR}
 """
 
 
+def remove_containers_command(names: Sequence[str] = ()) -> str:
+    """Shell that removes the node containers (`image_id: docker:`) of the login user before the host
+    changes hands: `names` (the allocation's, node.container.container_name), then every container a node
+    of this user left: with rootless Podman all of the user's (the host was the cluster's alone, and they
+    live in the user's own storage), with Docker's shared daemon (or as root) those labelled as a node's that
+    bind this user's home. Run before the process sweep: a container removed by its runtime leaves no
+    record behind, where one whose conmon/catatonit were killed stays listed, half alive."""
+    return f"""\
+{remove_command(names)}
+for rt in docker podman; do
+  command -v "$rt" >/dev/null 2>&1 || continue
+  [ "$rt" = docker ] && ! timeout 20 docker info >/dev/null 2>&1 && continue
+  if [ "$rt" = podman ] && [ "$(id -u)" != 0 ]; then
+    timeout 180 podman rm -af -t 2 >/dev/null 2>&1 || true
+    continue
+  fi
+  left=$(timeout 60 "$rt" ps -aq --filter label={shlex.quote(LABEL)} --filter volume="$HOME" 2>/dev/null)
+  [ -n "$left" ] && {{ timeout 180 "$rt" rm -f $left >/dev/null 2>&1 || true; }}
+done
+true
+"""
+
+
+def _runtime_probes() -> list[str]:
+    """The commands node.container.describe_runtimes runs on a machine (asked with every answer yes)."""
+    asked: list[str] = []
+
+    def ask(command: str) -> bool:
+        asked.append(command)
+        return True
+
+    describe_runtimes(ask)
+    return asked
+
+
+def containers_probe_command() -> str:
+    """One exec: each of describe_runtimes' probes, answered as `rt <n> 0|1` lines."""
+    return "".join(
+        f"if {probe}; then echo 'rt {i} 1'; else echo 'rt {i} 0'; fi\n"
+        for i, probe in enumerate(_runtime_probes())
+    )
+
+
+def parse_containers_probe(output: str) -> str:
+    """What `check` says about the host's runtimes (node.container.describe_runtimes' words)."""
+    said = dict(
+        line.split()[1:3] for line in output.splitlines() if len(line.split()) == 3 and line.startswith("rt ")
+    )
+    answers = {probe: said.get(str(i)) == "1" for i, probe in enumerate(_runtime_probes())}
+    return describe_runtimes(lambda probe: answers.get(probe, False))
+
+
 def unusable_reason(e: Exception) -> str:
     """Why a host cannot be used, in the words a user acts on."""
     text = str(e)
@@ -169,5 +225,17 @@ def probe(client: NodeClient) -> HostFacts:
     return parse_probe(out.decode(errors="replace"))
 
 
-def clean(client: NodeClient) -> None:
+def clean(client: NodeClient, containers: Sequence[str] = ()) -> None:
+    remove_containers(client, containers)
     client.exec(clean_command(), timeout=60)
+
+
+def remove_containers(client: NodeClient, names: Sequence[str] = ()) -> None:
+    """The user's node containers removed (remove_containers_command); best effort: the sweep follows."""
+    with contextlib.suppress(RemoteError):
+        client.exec(remove_containers_command(names), timeout=600, purpose="the host's containers")
+
+
+def containers(client: NodeClient) -> str:
+    _rc, out, _err = client.exec(containers_probe_command(), timeout=60)
+    return parse_containers_probe(out.decode(errors="replace"))

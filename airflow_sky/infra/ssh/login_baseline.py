@@ -34,13 +34,13 @@ import posixpath
 import secrets
 import shlex
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import paramiko
 
 from airflow_sky.errors import ClusterError, RemoteError
-from airflow_sky.infra.ssh.hosts import clean_command
+from airflow_sky.infra.ssh.hosts import clean_command, remove_containers
 from airflow_sky.infra.ssh.state_store import SshStateStore
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.paths import WORKDIR
@@ -293,14 +293,19 @@ true
 """
 
 
-def reset(client: NodeClient, baseline: Baseline, label: str, taking: bool) -> str | None:
+def reset(
+    client: NodeClient, baseline: Baseline, label: str, taking: bool, containers: Sequence[str] = ()
+) -> str | None:
     """Put the host back to its baseline, with nothing of its login user running; None when done, else why
     not (the caller keeps the host from the next cluster). `taking`: a cluster takes the host now, so names
-    at the top of the home the baseline lacks go too (teardown leaves them, for whoever reads results)."""
+    at the top of the home the baseline lacks go too (teardown leaves them, for whoever reads results).
+    The user's node containers (`containers`: the allocation's, and any other a node left) are removed by
+    their runtime before the sweep, with the login files (the runtime's config among them) back already."""
     why = ""
     for _ in range(ATTEMPTS):
         try:
             restore(client, baseline, label, strict=False)
+            remove_containers(client, containers)
             # A login file that slipped back in between may end this shell, its session or its output:
             # nothing it prints is believed, and the check below reads /proc over SFTP.
             with contextlib.suppress(RemoteError):

@@ -28,6 +28,7 @@ from airflow_sky.infra.ssh.login_baseline import BASELINES_ROOT, HostBaselines, 
 from airflow_sky.infra.ssh.pools import Pool, PoolHost, is_ip, load_pool, state_host
 from airflow_sky.infra.ssh.state_store import HOST_LOCKS_ROOT, SshStateStore
 from airflow_sky.node.client import NodeClient
+from airflow_sky.node.container import instance_container_name
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +211,11 @@ class PoolHosts:
             return False
         client = self._client(host)
         baseline = self._baselines.get(locks.key(host))
+        # The node's container (image_id: docker:), named from its instance id as the worker named it.
+        containers = [instance_container_name(f"{host.label}#{token}")]
         if baseline is None:  # taken by an older version, before baselines: its next allocation takes one
-            hosts.clean(client)
-        elif (why := reset(client, baseline, host.label, taking=False)) is not None:
+            hosts.clean(client, containers)
+        elif (why := reset(client, baseline, host.label, taking=False, containers=containers)) is not None:
             log.warning("ssh/%s: host %s stays held by its cluster: %s", self.pool_name, host.label, why)
             return False
         return locks.release(host, token)
