@@ -28,6 +28,14 @@ if [ "${1:-}" = "--tests" ]; then
   command -v redis-server >/dev/null || need_apt+=(redis-server)
   command -v chromium >/dev/null || need_apt+=(chromium)
   command -v runuser >/dev/null || need_apt+=(util-linux)
+  # Containers (image_id: docker:): Podman with runc for the nodes, rootless for pool users (uidmap), and
+  # what the tests build their images and private registry with.
+  command -v podman >/dev/null || need_apt+=(podman)
+  command -v runc >/dev/null || need_apt+=(runc)
+  command -v newuidmap >/dev/null || need_apt+=(uidmap)
+  command -v docker-registry >/dev/null || need_apt+=(docker-registry)
+  command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+  command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
 fi
 # The ssh-infra tests' hosts log in as users of their own: they need a system python3 on the default PATH.
 [ -x /usr/bin/python3 ] || need_apt+=(python3-minimal)

@@ -30,6 +30,8 @@ SLOWEST_FILES = (
     "tests/cli/test_jobs_cli.py",
     "tests/cli/test_launch_cli.py",
     "tests/dags/test_recovery.py",
+    # Builds its images once per machine (debootstrap, PyTorch) and pushes a GB to a registry: early.
+    "tests/containers/test_container_jobs.py",
     "tests/dags/test_bucket_mounts.py",
     "tests/cli/test_autostop_cli.py",
     "tests/aws/test_aws_jobs.py",

@@ -29,6 +29,7 @@ from airflow_sky.task.launch import LaunchOptions as LaunchOptions  # the CLI's 
 from airflow_sky.task.redaction import task_redactor
 
 AIRFLOW_HOME_ENV = "AIRFLOW_SKY_AIRFLOW_HOME"
+KEPT_SETTINGS_PREFIX = "AIRFLOW__SKY__"  # airflow-sky's own settings, the same for the CLI as for DAGs
 MIGRATE_TIMEOUT_S = 600  # a first migrate takes ~20 s
 _STARTS_PHASE: dict[str, Phase] = {
     "sync": "setup",
@@ -88,9 +89,13 @@ def prepare_airflow() -> Path:
             stale.rmdir()  # only empty ones: a running launch's files are gone once parsed anyway
     dags = home / "dags" / f"launch-{os.getpid()}-{secrets.token_hex(3)}"
     # The private Airflow reads its own airflow.cfg: settings meant for the user's real Airflow (its DB
-    # URL, executor, dags folder) must not redirect it. Logging settings are kept.
+    # URL, executor, dags folder) must not redirect it. Logging settings are kept, and airflow-sky's own
+    # `[sky]` settings (container runtime and options, default store, ...): a launch from the CLI reads them
+    # as a DAG's tasks do.
     for name in [
-        k for k in os.environ if k.startswith("AIRFLOW__") and not k.startswith("AIRFLOW__LOGGING__")
+        k
+        for k in os.environ
+        if k.startswith("AIRFLOW__") and not k.startswith(("AIRFLOW__LOGGING__", KEPT_SETTINGS_PREFIX))
     ]:
         del os.environ[name]
     os.environ["AIRFLOW_HOME"] = str(home)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_sky.client import events
-from airflow_sky.client.engine import AIRFLOW_HOME_ENV, JobOutcome, private_airflow_home
+from airflow_sky.client.engine import AIRFLOW_HOME_ENV, KEPT_SETTINGS_PREFIX, JobOutcome, private_airflow_home
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.task.launch import Launch
@@ -31,8 +31,13 @@ def caller_runs_airflow() -> bool:
 
 
 def child_environment(parent: dict[str, str]) -> dict[str, str]:
-    """The parent's environment without its Airflow configuration (the child configures the private one)."""
-    env = {k: v for k, v in parent.items() if not k.startswith("AIRFLOW__") and k != "AIRFLOW_HOME"}
+    """The parent's environment without its Airflow configuration (the child configures the private one),
+    but with airflow-sky's own `[sky]` settings."""
+    env = {
+        k: v
+        for k, v in parent.items()
+        if (not k.startswith("AIRFLOW__") or k.startswith(KEPT_SETTINGS_PREFIX)) and k != "AIRFLOW_HOME"
+    }
     env[AIRFLOW_HOME_ENV] = str(private_airflow_home())
     return env
 

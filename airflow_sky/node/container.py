@@ -259,7 +259,8 @@ def remove_command(names: Iterable[str]) -> str:
 for rt in docker podman; do
   command -v "$rt" >/dev/null 2>&1 || continue
   [ "$rt" = docker ] && ! timeout 20 docker info >/dev/null 2>&1 && continue
-  timeout 120 "$rt" rm -f {words} >/dev/null 2>&1 || true
+  # Twice: a container whose monitor died (a killed node) is only marked exited by the first.
+  timeout 120 "$rt" rm -f {words} >/dev/null 2>&1 || timeout 120 "$rt" rm -f {words} >/dev/null 2>&1 || true
 done"""
 
 

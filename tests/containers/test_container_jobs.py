@@ -184,9 +184,11 @@ def test_a_two_node_job_runs_in_a_private_image_rendezvouses_and_its_preempted_r
             assert f"probe rank={rank} gen=1 nodes=2 ips=127." in out, out[-6000:]
             assert f"probe rank={rank} gen=1 in-container debian=12" in out
             assert f"probe rank={rank} gen=1 workdir=from-the-workdir setup=set-up" in out
-            # torch.distributed from the image, across the two containers, in both generations.
-            assert f"probe rank={rank} gen=0 allreduce=3.0" in out
+            # torch.distributed from the image, across the two containers (rank 1's last generation-0
+            # lines may die with its node: rank 0's sum shows rank 1 took part).
             assert f"probe rank={rank} gen=1 allreduce=3.0" in out
+        assert "probe rank=0 gen=0 allreduce=3.0" in out
+        for rank in (0, 1):
             assert _generation(s3, rank) == 1  # the MOUNT_CACHED bucket, written from inside the container
         assert "RECOVER: node of rank 1 lost" in out, out[-6000:]
         # Rank 1's replacement is a new node: it logged in and pulled the image again.

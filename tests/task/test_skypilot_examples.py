@@ -45,6 +45,8 @@ def _inert_field_is_known(field: str) -> bool:
     parts = field.split(".")
     if len(parts) == 1:
         return parts[0] in INERT_TASK_FIELDS
+    if parts[0] == "config":  # config.docker.run_options acts; every other part of config is inert
+        return parts[1:] != ["docker", "run_options"]
     if parts[0] == "file_mounts":
         return parts[-1] in INERT_STORAGE_FIELDS
     if parts[:2] == ["resources", "autostop"]:

@@ -205,8 +205,10 @@ class LocalCloud(Cloud):
 
     def terminate(self, cluster_name: str) -> None:
         cluster_dir = layout.cluster_dir(cluster_name)
+        remove_containers(
+            p.name for p in _instance_dirs(cluster_name)
+        )  # first: stopped cleanly, then removed
         daemon.kill_marked(cluster_name)
-        remove_containers(p.name for p in _instance_dirs(cluster_name))
         for node_dir in _instance_dirs(cluster_name):
             _remove_home(node_dir)
         shutil.rmtree(cluster_dir, ignore_errors=True)
@@ -348,8 +350,8 @@ class LocalCloud(Cloud):
             layout.write_json_atomic(layout.node_record_path(node_dir), record)
 
     def _retire(self, cluster_name: str, instance_id: str) -> None:
-        daemon.kill_marked(daemon.marker(cluster_name, instance_id))
         remove_containers([instance_id])
+        daemon.kill_marked(daemon.marker(cluster_name, instance_id))
         node_dir = layout.instances_dir(cluster_name) / instance_id
         _remove_home(node_dir)
         shutil.rmtree(node_dir, ignore_errors=True)

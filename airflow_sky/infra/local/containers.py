@@ -2,7 +2,8 @@
 
 A local node's container is a child of the node's runtime, not of the node's server: killing the server
 stops its processes (the server is their subreaper), but the runtime still holds the container. The nodes
-share this machine, so the worker removes them here, one runtime call per runtime for a whole cluster.
+share this machine, so the worker removes them here, one runtime call per runtime for a whole cluster,
+before it kills the nodes' processes (a container whose monitor died with its node takes a second `rm`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def remove_containers(instance_ids: Iterable[str]) -> list[str]:
             continue
         names = sorted(wanted & {n.strip() for n in listed.stdout.split() if n.startswith(NAME_PREFIX)})
         if names:
-            subprocess.run([binary, "rm", "-f", *names], capture_output=True, timeout=300, check=False)
+            # Twice: a container whose node was killed lost its monitor (conmon), and the first `rm` only
+            # marks it exited, after waiting for an exit status that never comes; the second removes it.
+            for _ in range(2):
+                done = subprocess.run(
+                    [binary, "rm", "-f", *names], capture_output=True, timeout=300, check=False
+                )
+                if done.returncode == 0:
+                    break
             removed += names
     return removed
