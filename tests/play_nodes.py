@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,12 @@ def play_cluster(directory: Path, prefix: str, size: int = 6) -> Iterator[dict[s
         with patched_environ({PLAY_ENV: str(play_file)}):
             yield {"cluster": name, "nodes": nodes, "file": play_file, "key": cloud.ssh_private_key(name)}
     finally:
+        from airflow_sky.infra.local.containers import remove_containers
+
         cloud.terminate(name)
+        # The played instances' containers (named after the cloud's ids, which the local infra's own removal
+        # does not know): their processes ended with the play nodes, the runtime's records go here.
+        remove_containers(json.loads(play_file.read_text()).get("assigned", {}))
 
 
 def lose_when_started(probe: Path, play: dict[str, Any], lose: Callable[[], str]) -> threading.Thread:
@@ -91,3 +96,48 @@ def lose_when_started(probe: Path, play: dict[str, Any], lose: Callable[[], str]
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def instances_take_their_containers(
+    play: dict[str, Any], gone: Callable[[list[str]], Iterable[str]], poll_s: float = 1.0
+) -> Iterator[None]:
+    """While open, an instance that the emulator says is gone (`gone(ids)` returns those of `ids` that it
+    terminated) takes its container with it, as a VM's end takes everything on it.
+
+    The node layer names a node's container after the cloud's instance id (node/container.py), and a cloud
+    infra removes none: the VM's end does. A play node outlives the instance it played (it plays later ones
+    too), so its runtime would keep the container, and the local infra's removal (infra/local/containers.py)
+    knows only the play nodes' own ids. The container is removed on the play node, over its SSH, as the node
+    layer runs its runtime: the node's processes live in its PID and mount namespaces, where a runtime
+    outside cannot stop them (Podman: "container not running", no exit file)."""
+    from airflow_sky.node.client import NodeClient
+    from airflow_sky.node.container import instance_container_name, remove_command
+
+    ended: set[str] = set()
+    stop = threading.Event()
+
+    def sweep() -> None:
+        assigned: dict[str, int] = json.loads(play["file"].read_text()).get("assigned", {})
+        ids = [i for i in assigned if i not in ended]
+        for instance_id in set(gone(ids)) if ids else ():
+            node = play["nodes"][assigned[instance_id]]
+            with NodeClient(node, play["key"], conn_retry_attempts=1) as client:
+                rc, _, err = client.exec(remove_command([instance_container_name(instance_id)]), timeout=300)
+            if rc != 0:
+                raise RuntimeError(f"removing {instance_id}'s container: {err.decode(errors='replace')}")
+            ended.add(instance_id)
+
+    def loop() -> None:
+        while not stop.wait(poll_s):
+            with contextlib.suppress(Exception):  # a transient read or API error: the next poll retries
+                sweep()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=600)
+        sweep()
