@@ -274,7 +274,13 @@ def _relaunch(
         with cluster.client(node) as client:
             commit = state.info.get("git_commit") or handle.git_commit  # the job's one commit
             upload_task_files(
-                client, task, log, buckets, git_commit=commit, container=cluster_container(handle)
+                client,
+                task,
+                log,
+                buckets,
+                git_commit=commit,
+                container=cluster_container(handle),
+                cluster_name=cluster.name,
             )
         if task.setup:
             _run_setup(cluster, task, new_handle, node, log)

@@ -179,7 +179,13 @@ class SkyClusterHook(BaseHook):
         container = ContainerSpec(container_image) if container_image and task.container is None else None
         with self.cluster.client(node) as client:
             return upload_task_files(
-                client, task, log, bucket_plan, git_commit=git_commit, container=container
+                client,
+                task,
+                log,
+                bucket_plan,
+                git_commit=git_commit,
+                container=container,
+                cluster_name=self.cluster.name,
             )
 
     # ---- buckets ---------------------------------------------------------------------------------------

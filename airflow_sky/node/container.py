@@ -24,12 +24,14 @@ from collections.abc import Callable, Iterable, Sequence
 from airflow_sky.errors import RemoteError, SpecError
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.container_login import boot_wait_function, identity_login
+from airflow_sky.node.processes import MARKED
 from airflow_sky.node.record import Node
 from airflow_sky.task.container import ContainerSpec, RegistryLogin
 
 RUNTIMES = ("docker", "podman")
 NAME_PREFIX = "airflow-sky-"
 LABEL = "airflow-sky.node"
+CLUSTER_LABEL = "airflow-sky.cluster"  # `docker ps --filter label=airflow-sky.cluster=NAME` lists a cluster's
 PULL_TIMEOUT_S = 3600.0  # an NGC image is 10-20 GB
 # What the container runs while no job does: a shell that ends on `stop`. bash is what jobs need anyway.
 _IDLE = 'trap "exit 0" TERM; sleep infinity & wait'
@@ -108,6 +110,7 @@ def ensure_command(
     deployment_options: Sequence[str] = (),
     gpus: bool = False,
     preferred: str = "auto",
+    cluster: str = "",
     identity: str = "",
 ) -> str:
     """Shell that makes the node's container run `spec.image` (idempotent): an existing one of the same
@@ -161,7 +164,7 @@ case "$image" in
     echo "pull failed: $(tail -c 600 "$tmp/pull.out" | tr '\\n' ' ')" >&2; exit {_PULL_FAILED}; }};;
 esac
 pulled=$(( $(date +%s) - t0 ))
-if ! timeout 300 "$rt" run -d --name "$name" --label {q(LABEL)}="$name" --network host \\
+if ! timeout 300 "$rt" run -d --name "$name" --label {q(LABEL)}="$name" --label {q(CLUSTER_LABEL + "=" + cluster)} --network host \\
     -v "$HOME:$HOME" {bind_words} {gpu} {options} \\
     --entrypoint /bin/bash "$image" -c {q(_IDLE)} > "$tmp/run.out" 2>&1; then
   timeout 120 "$rt" rm -f "$name" >/dev/null 2>&1
@@ -187,8 +190,10 @@ def ensure_container(
     binds: Iterable[str] = (),
     deployment_options: Sequence[str] = (),
     preferred: str = "auto",
+    cluster: str = "",
 ) -> str:
-    """Start (or keep) the node's container; returns the runtime. Raises RemoteError naming the image."""
+    """Start (or keep) the node's container (labelled with its `cluster`); returns the runtime. Raises
+    RemoteError naming the image."""
     node = client.node
     name = container_name(node)
     command = ensure_command(
@@ -198,6 +203,7 @@ def ensure_container(
         deployment_options=deployment_options,
         gpus=node.gpus > 0,
         preferred=preferred,
+        cluster=cluster,
         identity=identity_login(spec.image) if login is None else "",
     )
     stdin = "\n".join([login.username, login.password, login.server] if login else ["", "", ""]) + "\n"
@@ -239,13 +245,22 @@ def launch_prelude(name: str) -> str:
   fi"""
 
 
-def kill_inside(name: str, kill_script: str) -> str:
-    """Shell: run `kill_script` inside the node's container too (when there is one), as the container's
-    user: a root-owned container's processes cannot be signalled by the node's user from outside."""
+def kill_inside(name: str, kill_script: str, mark: str) -> str:
+    """Shell: run `kill_script` inside the node's container too, as the container's user (a root-owned
+    container's processes cannot be signalled by the node's user from outside) — only when a process of
+    the job (`mark`, its environment entry) is a runtime's `exec` into that container: a job that never ran
+    in one costs no runtime call."""
     q = shlex.quote(name)
     return f"""\
+{MARKED}
 {_HOLDER}
-if rt=$(sky_holder {q}); then
+inside=0
+for p in $(marked {shlex.quote(mark)}); do
+  case "$(tr '\\0' ' ' < "/proc/$p/cmdline" 2>/dev/null)" in
+    docker\\ *exec*{name}*|podman\\ *exec*{name}*|*/docker\\ *exec*{name}*|*/podman\\ *exec*{name}*) inside=1;;
+  esac
+done
+if [ "$inside" = 1 ] && rt=$(sky_holder {q}); then
   timeout 120 "$rt" exec -e HOME="$HOME" {q} /bin/bash -c {shlex.quote(kill_script)} >/dev/null 2>&1 || true
 fi"""
 

@@ -56,6 +56,7 @@ def upload_task_files(
     *,
     git_commit: str | None = None,
     container: ContainerSpec | None = None,
+    cluster_name: str = "",
 ) -> UploadResult:
     """Sync the workdir and local file_mounts to the node (rsync over SSH, SFTP where rsync is missing),
     then let the node copy or mount its buckets (`buckets`, from node.buckets.bucket_remotes), then start
@@ -91,6 +92,7 @@ def upload_task_files(
             binds=[dst for dst in task.file_mounts if posixpath.isabs(dst)],
             deployment_options=options,
             preferred=runtime,
+            cluster=cluster_name,
         )
     return UploadResult(sent, method)
 

@@ -214,7 +214,9 @@ def kill_job(
     command = shell.kill_command(job_id, generation, sig, grace_s, record)
     # A job in the node's container: its processes are signalled from inside too (a root-owned container's
     # cannot be from outside), then from here, where the wrapper and the runtime's exec client live.
-    inside = container.kill_inside(container.container_name(client.node), command)
+    inside = container.kill_inside(
+        container.container_name(client.node), command, shell.job_mark(job_id, generation)
+    )
     rc, out, err = client.exec(f"( {inside} ) >/dev/null 2>&1\n{command}", timeout=2 * grace_s + 300)
     if rc != 0:
         raise RemoteError(

@@ -236,10 +236,11 @@ def remove_pulled(reference: str) -> None:
     subprocess.run(["podman", "rmi", "-f", reference], capture_output=True, timeout=300)
 
 
-def node_containers() -> list[str]:
-    """Names of the containers airflow-sky started on this machine (any state)."""
+def node_containers(cluster: str | None = None) -> list[str]:
+    """Names of the containers airflow-sky started on this machine (any state), or `cluster`'s."""
+    label = "airflow-sky.node" if cluster is None else f"airflow-sky.cluster={cluster}"
     out = subprocess.run(
-        ["podman", "ps", "-a", "--filter", "label=airflow-sky.node", "--format", "{{.Names}}"],
+        ["podman", "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
         capture_output=True,
         text=True,
         timeout=120,
