@@ -12,6 +12,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -20,7 +21,7 @@ from moto.server import ThreadedMotoServer
 
 from airflow_sky.infra.aws.cloud import ENDPOINT_RESOLVER_ENV
 from tests.envs import patched_environ
-from tests.play_nodes import play_cluster
+from tests.play_nodes import PLAY_ENV, play_cluster
 from tests.ports import free_port
 
 REGION = "us-east-1"
@@ -103,3 +104,20 @@ def live_instances(endpoint: str, cluster: str, region: str = REGION) -> list[st
             if i["State"]["Name"] not in ("shutting-down", "terminated"):
                 found.append(i["InstanceId"])
     return found
+
+
+def play_dag_env() -> dict[str, str]:
+    """What an `airflow dags test` of an aws DAG on play nodes needs from this process: the moto connection,
+    the play resolver (it lives in the tests package) and moto's keys."""
+    env = {
+        k: os.environ[k]
+        for k in (
+            "AIRFLOW_CONN_AWS_DEFAULT",
+            ENDPOINT_RESOLVER_ENV,
+            PLAY_ENV,
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        )
+    }
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    return env

@@ -22,14 +22,13 @@ import pytest
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ssm.models import Parameter, ssm_backends
 
-from airflow_sky.infra.aws.cloud import ENDPOINT_RESOLVER_ENV
 from airflow_sky.infra.aws.network import DEFAULT_IMAGE_PARAMETERS
 from airflow_sky.node.container import instance_container_name
 from airflow_sky.node.container_login import PREP_RUNNING
-from tests.aws.conftest import REGION, boto, live_instances, moto_image
+from tests.aws.conftest import REGION, boto, live_instances, moto_image, play_dag_env
 from tests.containers import images
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
-from tests.play_nodes import PLAY_ENV, instances_take_their_containers
+from tests.play_nodes import instances_take_their_containers
 
 pytestmark = pytest.mark.timeout(1500)  # the base image is built once per machine (debootstrap)
 
@@ -130,17 +129,7 @@ task = Task(
 with DAG("aws_container_job", schedule=None) as dag:
     sky_job(task, cluster_name={CLUSTER!r}, down=True)
 """
-    env = {
-        k: os.environ[k]
-        for k in (
-            "AIRFLOW_CONN_AWS_DEFAULT",
-            ENDPOINT_RESOLVER_ENV,
-            PLAY_ENV,
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-        )
-    }
-    env["PYTHONPATH"] = str(REPO)  # the resolver lives in the tests package
+    env = play_dag_env()
     env["AIRFLOW__SKY__DOCKER_RUN_OPTIONS"] = images.RUN_OPTIONS
     result = run_dag("aws_container_job", source, env=env)
     out = result.output

@@ -8,15 +8,13 @@ the instance is terminated in EC2 and the machine playing it dies with it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from airflow_sky.infra.aws.cloud import ENDPOINT_RESOLVER_ENV
-from tests.aws.conftest import REGION, boto, live_instances
+from tests.aws.conftest import REGION, boto, live_instances, play_dag_env
 from tests.aws.test_aws_contract import TEST_IMAGE_PARAMETER, published_image  # noqa: F401 - fixture
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
-from tests.play_nodes import PLAY_ENV, lose_when_started
+from tests.play_nodes import lose_when_started
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,17 +67,7 @@ task = Task(
 with DAG("aws_spot_job", schedule=None) as dag:
     sky_job(task, cluster_name={cluster!r}, down=True)
 """
-    env = {
-        k: os.environ[k]
-        for k in (
-            "AIRFLOW_CONN_AWS_DEFAULT",
-            ENDPOINT_RESOLVER_ENV,
-            PLAY_ENV,
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-        )
-    }
-    env["PYTHONPATH"] = str(REPO)  # the resolver lives in the tests package
+    env = play_dag_env()
     interrupter = lose_when_started(tmp_path, play, lambda: _interrupt(moto_endpoint, cluster))
     result = run_dag("aws_spot_job", source, env=env)
     interrupter.join(timeout=1)
