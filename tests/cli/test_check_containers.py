@@ -55,7 +55,6 @@ def _image_note(capsys: pytest.CaptureFixture[str], tmp_path: Path, image: str, 
     return note
 
 
-@pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman")
 def test_check_names_this_machines_container_runtime_for_local(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

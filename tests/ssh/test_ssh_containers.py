@@ -36,8 +36,6 @@ IMAGE = "localhost/airflow-sky-ssh-tiny:1"
 # What this machine's sandbox needs from Podman (the deployment's `[sky] docker_run_options`).
 RUN_OPTIONS = ("--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
 
-pytestmark = pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman")
-
 
 def _tiny_rootfs(tar: Path) -> None:
     """A root filesystem of this machine's bash and sleep with their libraries: all a node's container
