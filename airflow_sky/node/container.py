@@ -133,12 +133,16 @@ image={q(spec.image)}
 IFS= read -r user || user=
 IFS= read -r pass || pass=
 IFS= read -r server || server=
-if rt=$(sky_holder "$name"); then
+same_image() {{
+  local have
   have=$(timeout 60 "$rt" container inspect --format '{{{{.Config.Image}}}}' "$name" 2>/dev/null)
   case "$have" in
     "$image"|docker.io/"$image"|docker.io/library/"$image"|localhost/"$image") ;;
     *) echo "this node's container runs $have; the job asks for $image (a cluster runs one image: down it, or launch on another cluster)" >&2; exit {_OTHER_IMAGE};;
   esac
+}}
+if rt=$(sky_holder "$name"); then
+  same_image
   state=$(timeout 60 "$rt" container inspect --format '{{{{.State.Status}}}}' "$name" 2>/dev/null)
   if [ "$state" != running ]; then
     timeout 120 "$rt" start "$name" >/dev/null 2>&1 || {{ echo "could not start the container again ($state)" >&2; exit {_RUN_FAILED}; }}
@@ -167,6 +171,9 @@ pulled=$(( $(date +%s) - t0 ))
 if ! timeout 300 "$rt" run -d --name "$name" --label {q(LABEL)}="$name" --label {q(CLUSTER_LABEL + "=" + cluster)} --network host \\
     -v "$HOME:$HOME" {bind_words} {gpu} {options} \\
     --entrypoint /bin/bash "$image" -c {q(_IDLE)} > "$tmp/run.out" 2>&1; then
+  if grep -qiE 'already in use|already exists' "$tmp/run.out"; then  # another job's sync started it just now
+    same_image; echo "reused $rt"; exit 0
+  fi
   timeout 120 "$rt" rm -f "$name" >/dev/null 2>&1
   if grep -qE '/bin/bash.*(no such file|not found)|executable file not found' "$tmp/run.out"; then
     echo "the image has no /bin/bash (images must be Debian-based, with bash): $(tail -c 300 "$tmp/run.out" | tr '\\n' ' ')" >&2; exit {_NO_SHELL}
