@@ -41,6 +41,10 @@ while step < stop:
         with open(path, "w") as f:
             json.dump({"step": step, "recovery": os.environ["AIRFLOW_SKY_RECOVERY_COUNT"]}, f)
         print(f"checkpoint step {step}", flush=True)
+    # Generation 0's head holds at its step-10 checkpoint until it is preempted: on a loaded machine the
+    # preemption could otherwise come after it finished, and the replacement would resume at step 60.
+    while rank == 0 and step >= 10 and os.environ["AIRFLOW_SKY_RECOVERY_COUNT"] == "0":
+        time.sleep(1)
 print(f"finished at step {step}", flush=True)
 EOF
 """
