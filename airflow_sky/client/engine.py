@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import fcntl
 import os
 import secrets
 import subprocess
@@ -104,6 +105,20 @@ def prepare_airflow() -> Path:
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
     marker = home / ".migrated"
     if not marker.exists():
+        _migrate_once(home, marker)
+    _active["home"] = home
+    return home
+
+
+def _migrate_once(home: Path, marker: Path) -> None:
+    """Migrate the private DB unless another launch did meanwhile. Concurrent first launches (four
+    `airflow-sky launch` at once in a fresh home) otherwise race `db migrate` on one sqlite file and all
+    but one fail with "table ... already exists"; the lock makes the later ones wait and find the marker."""
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if marker.exists():
+            return
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "airflow", "db", "migrate"],
@@ -122,8 +137,6 @@ def prepare_airflow() -> Path:
                 f"could not initialize the private Airflow DB in {home}: {proc.stderr.strip()[-800:]}"
             )
         marker.touch()
-    _active["home"] = home
-    return home
 
 
 def dag_id_for(cluster_name: str) -> str:
