@@ -3,8 +3,9 @@ the same files) through `check` (the function the CLI runs, and a handful throug
 dags_from_folder. Each ends in a normalized task or one SpecError line, never another exception, within a
 second of CPU; in a DAG folder each becomes a DAG or that file's `broken` DAG, never an unforeseen error.
 
-CPU time, not wall time: the bound holds on a loaded machine. A file that loops is stopped by a CPU-time
-alarm (SIGPROF) and reported by name."""
+CPU time of the checking thread, not wall time: the bound holds on a loaded machine (the process's CPU
+time does not: under xdist it counts execnet's I/O thread too, which pushed one file past 1 s in CI). A
+file that loops is stopped by a CPU-time alarm (SIGPROF) and reported by name."""
 
 from __future__ import annotations
 
@@ -167,7 +168,7 @@ def test_mutated_example_task_files_end_in_a_task_or_one_spec_error_line(tmp_pat
     for name, content in _mutants(CHECKED, seed=27):
         path = tmp_path / f"{name}"
         path.write_bytes(content)
-        started = time.process_time()
+        started = time.thread_time()
         try:
             with _cpu_deadline(5 * CPU_LIMIT_S):
                 result, _ = _check_in_process(path)
@@ -175,7 +176,7 @@ def test_mutated_example_task_files_end_in_a_task_or_one_spec_error_line(tmp_pat
             pytest.fail(f"{name}: still running after {5 * CPU_LIMIT_S} s of CPU:\n{content[:2000]!r}")
         except Exception as e:
             pytest.fail(f"{name}: {type(e).__name__}: {e}\n{content[:2000]!r}")
-        cpu = time.process_time() - started
+        cpu = time.thread_time() - started
         slowest = max(slowest, (cpu, name))
         assert cpu < CPU_LIMIT_S, f"{name}: {cpu:.2f} s of CPU"
         if result == "ok":
@@ -205,7 +206,7 @@ def test_mutated_task_files_in_a_dag_folder_each_become_a_dag_or_their_own_broke
         task.write_bytes(content)
         if rng.random() < 0.3:
             (folder / "task.dag.yaml").write_bytes(_mutate(SIDECAR, rng))
-        started = time.process_time()
+        started = time.thread_time()
         try:
             with _cpu_deadline(5 * CPU_LIMIT_S), warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -214,7 +215,7 @@ def test_mutated_task_files_in_a_dag_folder_each_become_a_dag_or_their_own_broke
             pytest.fail(f"{name}: still running after {5 * CPU_LIMIT_S} s of CPU:\n{content[:2000]!r}")
         except Exception as e:
             pytest.fail(f"{name}: dags_from_folder raised {type(e).__name__}: {e}\n{content[:2000]!r}")
-        cpu = time.process_time() - started
+        cpu = time.thread_time() - started
         assert cpu < CPU_LIMIT_S, f"{name}: {cpu:.2f} s of CPU"
         assert len(dags) == 1, (name, dags)
         (dag,) = dags.values()
