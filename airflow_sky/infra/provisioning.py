@@ -142,7 +142,9 @@ def report_container_prep(cloud: str, cluster: str, nodes: Sequence[Node], key_f
     that cannot be asked is said, not fatal: the job's sync pulls the image itself."""
     for node in nodes:
         try:
-            with NodeClient(node, key_file, conn_retry_attempts=1) as client:
+            # The default retries: a node that just answered the provision's SSH wait may still refuse
+            # one connection on a busy host, and its record would be lost from the log for nothing.
+            with NodeClient(node, key_file) as client:
                 rc, out, err = client.exec(prep_report_command(), timeout=PREP_WAIT_S + 120)
         except (RemoteError, OSError) as e:
             log.warning("%s: %s: rank %d: no record of its container prep: %s", cloud, cluster, node.rank, e)
