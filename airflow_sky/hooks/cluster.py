@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow.sdk import BaseHook, conf
+from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
 from airflow_sky.errors import SkyError
@@ -37,6 +37,7 @@ from airflow_sky.infra.local.daemon import check_shared_mounts
 from airflow_sky.infra.registry import open_cluster
 from airflow_sky.node import artifacts, buckets
 from airflow_sky.node.files import UploadResult, upload_task_files
+from airflow_sky.node.settings import sky_setting
 from airflow_sky.task import Task
 from airflow_sky.task.container import ContainerSpec
 from airflow_sky.task.storage import (
@@ -54,7 +55,7 @@ _SECRET_OPTIONS = ("secret_access_key", "session_token", "service_account_creden
 def task_buckets(task: Task, infra: str | None) -> list[BucketMount]:
     """The task's bucket mounts on `infra` (a bucket named without `store` takes the infra's store, else
     `[sky] default_store`); raises SpecError naming the field."""
-    configured = conf.get("sky", "default_store", fallback=None)
+    configured = sky_setting("default_store")
     infra = infra or task.resources.infra or "local"
     mounts = bucket_mounts(task, default_store(infra, configured))
     if infra == "local":
@@ -65,7 +66,7 @@ def task_buckets(task: Task, infra: str | None) -> list[BucketMount]:
 def jobs_bucket_setting() -> str | None:
     """The deployment's jobs bucket (`[sky] jobs_bucket`): where `jobs launch` puts a managed job's local
     files; a run's end removes only its own prefix there."""
-    return conf.get("sky", "jobs_bucket", fallback=None) or None
+    return sky_setting("jobs_bucket")
 
 
 def remove_job_files(

@@ -26,6 +26,7 @@ from airflow_sky.node.client import NodeClient
 from airflow_sky.node.container_login import boot_wait_function, identity_login
 from airflow_sky.node.processes import MARKED
 from airflow_sky.node.record import Node
+from airflow_sky.node.settings import sky_setting
 from airflow_sky.task.container import ContainerSpec, RegistryLogin
 
 RUNTIMES = ("docker", "podman")
@@ -43,12 +44,8 @@ _NO_RUNTIME, _LOGIN_FAILED, _PULL_FAILED, _RUN_FAILED, _NO_SHELL, _OTHER_IMAGE =
 def deployment_settings() -> tuple[str, tuple[str, ...]]:
     """The deployment's `[sky] container_runtime` (auto, docker, podman) and `[sky] docker_run_options`
     (words added to every `docker run`, before the task's `config.docker.run_options`)."""
-    from airflow.configuration import (
-        conf,
-    )  # the deployment's settings: read where a worker starts a container
-
-    runtime = (conf.get("sky", "container_runtime", fallback="auto") or "auto").strip()
-    raw = conf.get("sky", "docker_run_options", fallback="") or ""
+    runtime = sky_setting("container_runtime") or "auto"
+    raw = sky_setting("docker_run_options") or ""
     try:
         options = tuple(shlex.split(raw))
     except ValueError as e:

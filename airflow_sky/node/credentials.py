@@ -35,6 +35,7 @@ from typing import Any
 
 from airflow_sky.errors import SkyError
 from airflow_sky.node.credential_scope import Scope, gcs_boundary_rules, policy_text, s3_session_policy
+from airflow_sky.node.settings import sky_setting
 
 NODE_CONN_SETTINGS = {"s3": "node_aws_conn_id", "gcs": "node_gcp_conn_id"}  # in the [sky] section
 DEFAULT_NODE_CONNS = {"s3": "sky_nodes_aws", "gcs": "sky_nodes_gcp"}
@@ -59,8 +60,6 @@ class NodeCredential:
 
 def node_connections(infra: str | None, aws_conn_id: str | None, gcp_conn_id: str | None) -> dict[str, str]:
     """store -> the Airflow connection its node credentials are minted from on `infra` (module doc)."""
-    from airflow.sdk import conf
-
     cloud = (infra or "local").split("/", 1)[0].lower()
     chosen = {"s3": aws_conn_id, "gcs": gcp_conn_id}
     found = {}
@@ -68,7 +67,7 @@ def node_connections(infra: str | None, aws_conn_id: str | None, gcp_conn_id: st
         if _OWN_STORE.get(cloud) == store:
             found[store] = chosen[store] or BUCKET_CONNS[store]
         else:
-            found[store] = conf.get("sky", setting, fallback=None) or DEFAULT_NODE_CONNS[store]
+            found[store] = sky_setting(setting) or DEFAULT_NODE_CONNS[store]
     return found
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from airflow.sdk import BaseOperator, Variable, conf
+from airflow.sdk import BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_sky.errors import SpecError
 from airflow_sky.hooks.cluster import jobs_bucket_setting, remove_job_files
+from airflow_sky.node.settings import sky_setting
 from airflow_sky.operators.job_spec import SECRET_NAME, JobSpec, job_confs, secret_owner, secret_variable_key
 from airflow_sky.operators.secrets import read_secrets
 from airflow_sky.task.cluster_namespace import run_cluster_name
@@ -23,8 +24,8 @@ def deployment_policy() -> ConfPolicy:
     (task.conf_policy: AIRFLOW__SKY__MANAGED_INFRAS, ...) read by this worker, and its `jobs_bucket`, of which
     a run may mount its own uploads only."""
     return ConfPolicy.from_settings(
-        lambda name: conf.get("sky", name, fallback=None),
-        default_store=conf.get("sky", "default_store", fallback=None),
+        sky_setting,
+        default_store=sky_setting("default_store"),
         jobs_bucket=jobs_bucket_setting(),
     )
 

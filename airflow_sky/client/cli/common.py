@@ -104,13 +104,22 @@ def check_git_workdir(task: Task) -> None:
 def check_buckets(task: Task, infra: str, *, fatal: bool = True) -> None:
     """The task's bucket mounts on `infra`, checked before anything starts; where airflow-sky's behaviour
     differs from SkyPilot's, one note each on stderr. With `fatal=False` (check), a mount that a launch on
-    `infra` would refuse is a note too. Airflow is not loaded here (the engine configures it later): the
-    default store comes from AIRFLOW__SKY__DEFAULT_STORE, as the DAG's tasks read `[sky] default_store`."""
+    `infra` would refuse is a note too. `[sky] default_store` is read as the launch's tasks read it (the
+    environment, then the CLI's airflow.cfg), and only when a bucket without `store` needs it."""
     from airflow_sky.infra.local.daemon import check_shared_mounts
-    from airflow_sky.task.storage import bucket_mounts, default_store, mount_notes, shared_mount_paths
+    from airflow_sky.node.settings import sky_setting
+    from airflow_sky.task.storage import (
+        bucket_mounts,
+        default_store,
+        has_bucket_mounts,
+        mount_notes,
+        shared_mount_paths,
+    )
 
     try:
-        mounts = bucket_mounts(task, default_store(infra, os.environ.get("AIRFLOW__SKY__DEFAULT_STORE")))
+        needs_setting = default_store(infra) is None and has_bucket_mounts(task)  # Airflow's config: ~2 s
+        configured = sky_setting("default_store") if needs_setting else None
+        mounts = bucket_mounts(task, default_store(infra, configured))
         if infra.split("/", 1)[0] == "local":
             check_shared_mounts(shared_mount_paths(mounts))
     except SpecError as e:
