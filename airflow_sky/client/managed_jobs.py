@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import secrets as random
 from collections.abc import Callable, Iterator, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_config, api_path
@@ -21,6 +19,7 @@ from airflow_sky.client.cluster_names import check_cluster_name
 from airflow_sky.client.jobs_bucket import (
     SETTING,
     JobsBucketConfig,
+    ObjectStore,
     UploadFile,
     UploadProgress,
     files_to_upload,
@@ -30,7 +29,8 @@ from airflow_sky.client.jobs_bucket import (
     upload,
 )
 from airflow_sky.client.managed_dag import borrowed_api, check_dag_ready, check_pipeline_slots, no_dag
-from airflow_sky.client.managed_runs import ManagedJob, cancel, job, logs, queue
+from airflow_sky.client.managed_ids import claimed_id, new_run_id
+from airflow_sky.client.managed_runs import ManagedJob, cancel, job, latest, logs, queue, unfinished
 from airflow_sky.dags.managed import MANAGED_DAG_ID
 from airflow_sky.errors import SkyError, SpecError
 from airflow_sky.operators.job_spec import JobSpec, secret_owner, secret_variable_key
@@ -39,7 +39,18 @@ from airflow_sky.task.conf_policy import SETTINGS, ConfPolicy
 from airflow_sky.task.jobs_bucket import LocalUpload, job_files_uri, local_paths, translate_local_paths
 from airflow_sky.task.pipeline import SERIAL, Pipeline
 
-__all__ = ["LaunchAborted", "ManagedJob", "cancel", "client_policy", "job", "launch", "logs", "queue"]
+__all__ = [
+    "LaunchAborted",
+    "ManagedJob",
+    "cancel",
+    "client_policy",
+    "job",
+    "latest",
+    "launch",
+    "logs",
+    "queue",
+    "unfinished",
+]
 
 
 class LaunchAborted(SkyError):
@@ -59,9 +70,10 @@ def launch(
     dag_id: str = MANAGED_DAG_ID,
     confirm: Callable[[str], bool] | None = None,
     upload_progress: UploadProgress | None = None,
-) -> str:
+) -> int:
     """Submit `task` (a Task, a Pipeline, or a task YAML: one task or a pipeline file) as a managed job;
-    returns its job id (the DAG run id). A pipeline's tasks run in order in that one run, each on a cluster
+    returns its job id (a small integer, claimed atomically: client.managed_ids; its DAG run id is
+    `sky-job-<id>-<random>`). A pipeline's tasks run in order in that one run, each on a cluster
     of its own; the deployed DAG needs as many pipeline slots (`managed_jobs_dag(pipeline_slots=N)`).
 
     Everything is checked here: a bad task is refused before anything reaches Airflow. Secrets go into
@@ -85,55 +97,92 @@ def launch(
         if num_nodes < 1:
             raise SpecError(f"num_nodes: must be an integer >= 1, got {num_nodes}")
         tasks[0].num_nodes = num_nodes
-    # The Variables are created before the run: whoever made a run of this id first would read them. The
-    # second and 24 random bits make that a guess of one in 16 million per try, each a REST request.
-    run_id = f"sky-job-{datetime.now(UTC):%Y%m%d-%H%M%S}-{random.token_hex(3)}"
     bucket = _jobs_bucket_for(tasks, pipeline)
-    run_uri = bucket.bucket.run_uri(run_id) if bucket is not None else None
-    uploads: list[LocalUpload] = []
-    if run_uri is not None:
-        for index, one in enumerate(tasks):
-            tasks[index], more = translate_local_paths(one, job_files_uri(run_uri, index, len(tasks)))
-            uploads += more
-    specs = []
-    for index, one in enumerate(tasks):
-        mapping = one.to_dict(secret_references=True)  # a token in a git URL travels as ${NAME}
-        mapping["secrets"] = {name: None for name in one.secrets}
-        owner = secret_owner(dag_id, run_id, index)
-        specs.append(
-            JobSpec(
-                task=mapping,
-                secrets={name: secret_variable_key(owner, name) for name in one.secrets},
-                infra=infra or one.resources.infra or "local",
-                cluster_name=cluster_name if pipeline is None else None,
-                down=down,
-                uploads=run_uri if uploads else None,
-            )
-        )
+    # Everything checked with a stand-in run id before any request; the real one is claimed below.
+    checked = _Prepared.of(tasks, pipeline, bucket, dag_id, new_run_id(0), infra, cluster_name, down)
     policy = client_policy()
     user = _api_user(api)
-    for index, spec in enumerate(specs):  # what the DAG's spec tasks will check, checked here first
-        JobSpec.from_conf(spec.to_run_conf(), owner=secret_owner(dag_id, run_id, index))
+    for index, spec in enumerate(checked.specs):  # what the DAG's spec tasks will check, checked here first
+        JobSpec.from_conf(spec.to_run_conf(), owner=secret_owner(dag_id, checked.run_id, index))
         if policy is not None:
             # The deployment judges the cluster name by the user its API knows, which a token does not say.
-            spec.check_policy(policy, tasks[index], user=user, user_known=user is not None)
-    files = files_to_upload(bucket.bucket, uploads) if bucket is not None and uploads else []
-    confs = [spec.to_run_conf() for spec in specs]
-    conf = confs[0] if pipeline is None else {"pipeline": pipeline, "jobs": confs}
-    values = {
-        spec.secrets[name]: one.secrets[name]
-        for spec, one in zip(specs, tasks, strict=True)
-        for name in spec.secrets
-    }
+            spec.check_policy(policy, checked.tasks[index], user=user, user_known=user is not None)
+    if bucket is not None and checked.uploads:
+        files_to_upload(bucket.bucket, checked.uploads)  # a missing local path: refused before any request
     with borrowed_api(api) as client:
         check_dag_ready(client, dag_id)
         if pipeline is not None:
             check_pipeline_slots(client, dag_id, len(tasks))
         if confirm is not None and not confirm(pipeline or tasks[0].name or "unnamed"):
             raise LaunchAborted("Aborted: nothing was uploaded or submitted")
-        with _uploaded(bucket, run_uri if uploads else None, files, upload_progress):
-            _submit(client, dag_id, run_id, conf, values)
-    return run_id
+        store = open_store(bucket) if bucket is not None and checked.uploads else None
+        if store is not None:
+            store.check()  # a missing bucket or no credentials: refused before the id is claimed
+        with claimed_id(client, dag_id) as (job_id, run_id):
+            ready = _Prepared.of(tasks, pipeline, bucket, dag_id, run_id, infra, cluster_name, down)
+            files = (
+                files_to_upload(bucket.bucket, ready.uploads) if bucket is not None and ready.uploads else []
+            )
+            with _uploaded(store, bucket, ready.run_uri, files, upload_progress):
+                _submit(client, dag_id, run_id, ready.conf, ready.values)
+    return job_id
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """What a launch submits for one run id: the tasks (local paths turned into the run's uploads), their
+    specs, the run conf, the secrets' Variables and the uploads."""
+
+    run_id: str
+    tasks: list[Task]
+    specs: list[JobSpec]
+    conf: dict[str, Any]
+    values: dict[str, str]
+    uploads: list[LocalUpload]
+    run_uri: str | None
+
+    @classmethod
+    def of(
+        cls,
+        tasks: list[Task],
+        pipeline: str | None,
+        bucket: JobsBucketConfig | None,
+        dag_id: str,
+        run_id: str,
+        infra: str | None,
+        cluster_name: str | None,
+        down: bool,
+    ) -> _Prepared:
+        tasks = list(tasks)
+        run_uri = bucket.bucket.run_uri(run_id) if bucket is not None else None
+        uploads: list[LocalUpload] = []
+        if run_uri is not None:
+            for index, one in enumerate(tasks):
+                tasks[index], more = translate_local_paths(one, job_files_uri(run_uri, index, len(tasks)))
+                uploads += more
+        specs = []
+        for index, one in enumerate(tasks):
+            mapping = one.to_dict(secret_references=True)  # a token in a git URL travels as ${NAME}
+            mapping["secrets"] = {name: None for name in one.secrets}
+            owner = secret_owner(dag_id, run_id, index)
+            specs.append(
+                JobSpec(
+                    task=mapping,
+                    secrets={name: secret_variable_key(owner, name) for name in one.secrets},
+                    infra=infra or one.resources.infra or "local",
+                    cluster_name=cluster_name if pipeline is None else None,
+                    down=down,
+                    uploads=run_uri if uploads else None,
+                )
+            )
+        confs = [spec.to_run_conf() for spec in specs]
+        conf = confs[0] if pipeline is None else {"pipeline": pipeline, "jobs": confs}
+        values = {
+            spec.secrets[name]: one.secrets[name]
+            for spec, one in zip(specs, tasks, strict=True)
+            for name in spec.secrets
+        }
+        return cls(run_id, tasks, specs, conf, values, uploads, run_uri)
 
 
 def client_policy() -> ConfPolicy | None:
@@ -176,6 +225,7 @@ def _jobs_bucket_for(tasks: list[Task], pipeline: str | None) -> JobsBucketConfi
 
 @contextlib.contextmanager
 def _uploaded(
+    store: ObjectStore | None,
     bucket: JobsBucketConfig | None,
     run_uri: str | None,
     files: list[UploadFile],
@@ -183,11 +233,9 @@ def _uploaded(
 ) -> Iterator[None]:
     """The run's local files uploaded for the body; removed again when the body (or the upload) fails, so
     that nothing of a refused launch stays behind."""
-    if bucket is None or run_uri is None:
+    if store is None or bucket is None or run_uri is None:
         yield
         return
-    store = open_store(bucket)
-    store.check()
     try:
         upload(store, files, run_uri, progress)
         yield

@@ -5,14 +5,16 @@ gang.job_status from the run's states and the job-state record's mirror)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path, check_job_id
+from airflow_sky.client.airflow_api import AirflowApi, ApiError, api_path
 from airflow_sky.client.managed_dag import borrowed_api, dag_get, run_path
+from airflow_sky.client.managed_failures import failure_lines, remove_leftover_uploads, spec_never_ran
+from airflow_sky.client.managed_failures import step as _step
+from airflow_sky.client.managed_ids import id_of_run, parse_job_id, run_id_of
 from airflow_sky.dags.managed import JOB_GROUP, MANAGED_DAG_ID
 from airflow_sky.errors import SpecError
 from airflow_sky.gang import job_status
@@ -20,6 +22,7 @@ from airflow_sky.gang.queue_progress import queue_progress
 from airflow_sky.operators.base import JOB_STATUS_XCOM_KEY
 
 CANCEL_NOTE = "Cancelled with `airflow-sky jobs cancel`"
+UNFINISHED = ("queued", "running")  # the run states of a job not ended
 _ACTIVE = ("running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule", "restarting")
 _LOG_STEPS = ("setup_follow", "run_follow")
 _ENDED = ("success", "failed", "skipped", "upstream_failed", "removed")
@@ -31,7 +34,8 @@ PROGRESS_API = "/airflow-sky/api/v1/progress"  # the deployment's plugin (airflo
 class ManagedJob:
     """One managed job (a run of the managed jobs DAG) as `jobs queue` shows it."""
 
-    job_id: str  # the DAG run id
+    job_id: int | None  # the small integer id (client.managed_ids); None for a run made another way
+    run_id: str  # the DAG run id
     name: str
     status: str  # a gang.job_status.ManagedStatus
     recoveries: int
@@ -44,33 +48,54 @@ class ManagedJob:
     progress: dict[str, Any] | None = None
 
 
-def queue(limit: int = 50, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> list[ManagedJob]:
-    """The latest managed jobs, newest first."""
+def queue(
+    limit: int = 50, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID, skip_finished: bool = False
+) -> list[ManagedJob]:
+    """The latest managed jobs, newest first (with `skip_finished`, only those not ended). A run that ended
+    without its uploads removed has them removed here (client.managed_failures)."""
+    states = {"state": list(UNFINISHED)} if skip_finished else {}
     with borrowed_api(api) as client:
-        runs = dag_get(client, dag_id, "dagRuns", limit=limit, order_by="-run_after")
+        runs = dag_get(client, dag_id, "dagRuns", limit=limit, order_by="-run_after", **states)
         return [_job(client, dag_id, run) for run in runs["dag_runs"]]
 
 
-def job(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> ManagedJob:
-    """One managed job's status."""
-    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
+def job(job_id: int | str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> ManagedJob:
+    """One managed job's status (`job_id`: its integer id, or its DAG run id)."""
+    parse_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with borrowed_api(api) as client:
-        return _job(client, dag_id, client.get(run_path(dag_id, job_id)))
+        return _job(client, dag_id, client.get(run_path(dag_id, run_id_of(client, job_id))))
 
 
-def cancel(job_id: str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> None:
+def latest(api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> ManagedJob:
+    """The newest managed job (`jobs logs` with no id)."""
+    jobs = queue(limit=1, api=api, dag_id=dag_id)
+    if not jobs:
+        raise SpecError("no managed jobs yet: `airflow-sky jobs launch TASK.yaml` submits one")
+    return jobs[0]
+
+
+def cancel(job_id: int | str, api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> None:
     """Stop the job: its run is marked failed; its follow tasks are killed, which stops every rank, and its
     teardown still runs, which (with down, the default) terminates the nodes."""
-    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
+    parse_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with borrowed_api(api) as client:
-        run = client.get(run_path(dag_id, job_id))
+        run_id = run_id_of(client, job_id)
+        run = client.get(run_path(dag_id, run_id))
         if run["state"] in ("success", "failed"):
             raise SpecError(f"job {job_id} already ended ({_status(run, [])})")
-        client.request("PATCH", run_path(dag_id, job_id), json={"state": "failed", "note": CANCEL_NOTE})
+        client.request("PATCH", run_path(dag_id, run_id), json={"state": "failed", "note": CANCEL_NOTE})
+
+
+def unfinished(api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> list[ManagedJob]:
+    """Every managed job not ended (`jobs cancel --all`), newest first."""
+    with borrowed_api(api) as client:
+        path = api_path("dags", dag_id, "dagRuns")
+        runs = list(client.pages(path, "dag_runs", state=list(UNFINISHED), order_by="-run_after"))
+        return [_job(client, dag_id, run) for run in runs]
 
 
 def logs(
-    job_id: str,
+    job_id: int | str,
     *,
     follow: bool = True,
     emit: Callable[[str], object] = print,
@@ -80,8 +105,9 @@ def logs(
 ) -> ManagedJob:
     """Print every rank's setup and run log lines (and the job's own messages: recoveries, failures) as the
     follow tasks write them; with `follow`, until the job ends. Returns the job's status at the end."""
-    check_job_id(job_id)  # a typo or a hostile id is one line, never a request
+    parse_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with borrowed_api(api) as client:
+        job_id = run_id_of(client, job_id)
         readers: dict[tuple[str, int, int], _LogReader] = {}
         while True:
             run = client.get(run_path(dag_id, job_id))
@@ -98,32 +124,10 @@ def logs(
                 for line in reader.read(final=ti.get("state") in _ENDED):
                     emit(line)
             if not follow or (ended and all(r.done for r in readers.values())):
-                for line in _spec_errors(client, dag_id, job_id, tis) if ended else ():
+                for line in failure_lines(client, dag_id, job_id, tis) if ended else ():
                     emit(line)
-                return _job(client, dag_id, run, tis)
+                return _job(client, dag_id, run, tis, emit)
             time.sleep(poll_s)
-
-
-def _spec_errors(client: AirflowApi, dag_id: str, run_id: str, tis: list[dict[str, Any]]) -> Iterator[str]:
-    """Why the deployment refused the run's conf: the error its failed spec task logged (the deployment's
-    policy, a conf this machine did not check), as one line each."""
-    for ti in tis:
-        if not (re.fullmatch(r"spec\d*", _step(ti)) and ti.get("state") == "failed" and ti.get("try_number")):
-            continue
-        path = run_path(dag_id, run_id) + api_path("taskInstances", ti["task_id"], "logs", ti["try_number"])
-        try:
-            page = client.request("GET", path, headers={"Accept": "application/json"}).json()
-        except (ApiError, ValueError):
-            continue
-        errors = [
-            str(error["exc_value"])
-            for event in page.get("content") or []
-            for value in (event.values() if isinstance(event, dict) else ())
-            for error in (value if isinstance(value, list) else ())
-            if isinstance(error, dict) and error.get("exc_value")
-        ]
-        if errors:  # the first: the exception raised (the rest are its causes)
-            yield f"{ti['task_id']} failed: {errors[0]}"
 
 
 class _LogReader:
@@ -180,16 +184,16 @@ def _job_line(event: Any) -> str | None:
     return str(event.get("event", ""))
 
 
-def _step(ti: Mapping[str, Any]) -> str:
-    return str(ti["task_id"]).rsplit(".", 1)[-1]
-
-
 def _task_instances(client: AirflowApi, dag_id: str, run_id: str) -> list[dict[str, Any]]:
     return list(client.pages(run_path(dag_id, run_id) + "/taskInstances", "task_instances"))
 
 
 def _job(
-    client: AirflowApi, dag_id: str, run: Mapping[str, Any], tis: list[dict[str, Any]] | None = None
+    client: AirflowApi,
+    dag_id: str,
+    run: Mapping[str, Any],
+    tis: list[dict[str, Any]] | None = None,
+    emit: Callable[[str], object] | None = None,
 ) -> ManagedJob:
     # A run conf is whatever its trigger wrote: read it without trusting its shape (jobs queue lists all).
     given = run.get("conf")
@@ -213,8 +217,10 @@ def _job(
     status_xcom = pushed[-1] if pushed else None
     started, ended = _time(run.get("start_date")), _time(run.get("end_date"))
     status = _status(run, tis, status_xcom)
+    remove_leftover_uploads(run, tis, emit)
     return ManagedJob(
-        job_id=run["dag_run_id"],
+        job_id=id_of_run(run["dag_run_id"]),
+        run_id=run["dag_run_id"],
         name=str(conf.get("pipeline") or task.get("name") or "-"),
         status=status,
         recoveries=sum(job_status.mirrored_recoveries(x) for x in pushed),
@@ -248,7 +254,10 @@ def _status(
     run: Mapping[str, Any], tis: list[dict[str, Any]], status_xcom: Mapping[str, Any] | None = None
 ) -> job_status.ManagedStatus:
     steps = [(_step(t), t.get("state")) for t in tis]
-    return job_status.of_run(run.get("state"), run.get("note") == CANCEL_NOTE, steps, status_xcom)
+    status = job_status.of_run(run.get("state"), run.get("note") == CANCEL_NOTE, steps, status_xcom)
+    if status == job_status.ManagedStatus.FAILED_PRECHECKS and spec_never_ran(tis):
+        return job_status.ManagedStatus.FAILED_CONTROLLER  # not refused: it never started
+    return status
 
 
 def _job_status_xcom(

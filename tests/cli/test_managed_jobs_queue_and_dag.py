@@ -23,15 +23,17 @@ from rich.console import Console
 from airflow_sky.client.cli import main
 from airflow_sky.client.cli.cluster_jobs import failure_of
 from airflow_sky.client.cli.managed_jobs import queue_table
+from airflow_sky.client.managed_ids import id_of_run
 from airflow_sky.client.managed_jobs import ManagedJob
 from airflow_sky.task.conf_policy import SETTINGS
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def _job(job_id: str, name: str, status: str, ago_s: float, took_s: float, recoveries: int = 0) -> ManagedJob:
+def _job(run_id: str, name: str, status: str, ago_s: float, took_s: float, recoveries: int = 0) -> ManagedJob:
     return ManagedJob(
-        job_id=job_id,
+        job_id=id_of_run(run_id),
+        run_id=run_id,
         name=name,
         status=status,
         recoveries=recoveries,
@@ -43,11 +45,9 @@ def _job(job_id: str, name: str, status: str, ago_s: float, took_s: float, recov
 
 
 JOBS = [
-    _job(
-        "sky-job-20261203-115458-a1b2c3", "managed-training-run-of-the-nightly-model", "RUNNING", 302, 290, 1
-    ),
-    _job("sky-job-20261203-110000-d4e5f6", "train", "SUCCEEDED", 3600, 125),
-    _job("sky-job-20261201-090000-0a0b0c", "prep", "CANCELLED", 2 * 86400 + 3 * 3600, 90000),
+    _job("sky-job-12-a1b2c3d4", "managed-training-run-of-the-nightly-model", "RUNNING", 302, 290, 1),
+    _job("sky-job-11-d4e5f6a7", "train", "SUCCEEDED", 3600, 125),
+    _job("sky-job-9-0a0b0c0d", "prep", "CANCELLED", 2 * 86400 + 3 * 3600, 90000),
 ]
 
 
@@ -57,28 +57,39 @@ def _render(jobs: list[ManagedJob], width: int) -> list[str]:
     return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
 
 
-def test_jobs_queue_fits_80_columns_with_whole_ids_headers_statuses_and_short_times() -> None:
+def test_jobs_queue_fits_80_columns_with_whole_ids_run_ids_headers_statuses_and_short_times() -> None:
     lines = _render(JOBS, 80)
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
     header, *rows = lines
     assert len(rows) == len(JOBS), "\n".join(lines)  # one line per job: nothing wraps
-    assert header.split() == ["ID", "NAME", "SUBMITTED", "DURATION", "#REC", "STATUS"]
+    assert header.split() == ["ID", "NAME", "RUN", "ID", "NODES", "SUBMITTED", "DURATION", "#REC", "STATUS"]
     by_id = {row.split()[0]: row for row in rows}
-    running = by_id["sky-job-20261203-115458-a1b2c3"]
+    running = by_id["12"]
+    assert "sky-job-12-a1b2c3d4" in running
     assert "5m ago" in running and "4m 50s" in running and running.split()[-2:] == ["1", "RUNNING"]
     assert "managed-t…" in running  # the long name is cut, with an ellipsis
-    assert "1h ago" in by_id["sky-job-20261203-110000-d4e5f6"]
-    assert "2m 5s" in by_id["sky-job-20261203-110000-d4e5f6"]
-    cancelled = by_id["sky-job-20261201-090000-0a0b0c"]
+    assert "1h ago" in by_id["11"] and "2m 5s" in by_id["11"]
+    cancelled = by_id["9"]
     assert "2d ago" in cancelled and "1d 1h" in cancelled and cancelled.split()[-1] == "CANCELLED"
 
 
 def test_jobs_queue_drops_columns_before_it_cuts_an_id_or_a_status() -> None:
-    refused = _job("sky-job-20261203-115900-ffffff", "hostile", "FAILED_PRECHECKS", 30, 5)
-    lines = _render([*JOBS, refused], 80)
+    failed = _job("sky-job-13-ffffffff", "hostile", "FAILED_CONTROLLER", 30, 5)
+    lines = _render([*JOBS, failed], 80)
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
-    assert lines[0].split() == ["ID", "NAME", "SUBMITTED", "#REC", "STATUS"]
-    assert lines[-1].split()[0] == refused.job_id and lines[-1].split()[-2:] == ["0", "FAILED_PRECHECKS"]
+    assert lines[0].split() == ["ID", "NAME", "RUN", "ID", "SUBMITTED", "#REC", "STATUS"]
+    assert lines[-1].split()[:3] == ["13", "hostile", "sky-job-13-ffffffff"]
+    assert lines[-1].split()[-2:] == ["0", "FAILED_CONTROLLER"]
+
+
+def test_jobs_queue_keeps_the_run_id_of_a_job_without_an_integer_id_on_80_columns() -> None:
+    manual = _job("manual__2026-12-03T10:00:00.123456+00:00", "by-hand", "FAILED_PRECHECKS", 30, 5)
+    assert manual.job_id is None
+    lines = _render([*JOBS, manual], 80)
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert "RUN ID" in lines[0], "\n".join(lines)
+    assert lines[-1].split()[:3] == ["-", "by-hand", manual.run_id], "\n".join(lines)
+    assert lines[-1].split()[-1] == "FAILED_PRECHECKS"
 
 
 def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole() -> None:
@@ -86,6 +97,8 @@ def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole() -> None:
     assert lines[0].split() == [
         "ID",
         "NAME",
+        "RUN",
+        "ID",
         "NODES",
         "INFRA",
         "SUBMITTED",
@@ -94,8 +107,9 @@ def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole() -> None:
         "STATUS",
     ]
     assert lines[1].split() == [
-        "sky-job-20261203-115458-a1b2c3",
+        "12",
         "managed-training-run-of-the-nightly-model",
+        "sky-job-12-a1b2c3d4",
         "16",
         "aws/us-east-1",
         "5m",

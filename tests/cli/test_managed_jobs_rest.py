@@ -93,7 +93,8 @@ def test_a_hostile_job_id_reaches_no_request_and_a_server_id_reaches_its_own_pat
         managed_jobs.logs("..", api=api, follow=False)
     assert paths == []
     jobs = managed_jobs.queue(api=api)
-    assert [j.job_id for j in jobs] == [HOSTILE_RUN["dag_run_id"], "manual__odd"]
+    assert [j.run_id for j in jobs] == [HOSTILE_RUN["dag_run_id"], "manual__odd"]
+    assert [j.job_id for j in jobs] == [None, None]  # runs made by hand: no integer id
     assert (
         "/api/v2/dags/airflow_sky_jobs/dagRuns/manual__2026-12-03T10%3A00%3A00%2B00%3A00/taskInstances"
         in (p.split("?")[0] for p in paths)
@@ -105,9 +106,10 @@ def test_jobs_queue_shows_a_run_confs_markup_as_text_for_everyone(stand_in):
     done = jobs_queue(url)
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if "manual__2026" in line)
-    assert re.search(r"\[bold red\]boom\s+-\s+\[/x\]\s", line), done.stdout  # as written, NODES "-"
+    # as written, NODES "-"
+    assert re.search(r"\[bold red\]boom\s+manual__\S+\s+-\s+\[/x\]\s", line), done.stdout
     odd = next(line for line in done.stdout.splitlines() if "manual__odd" in line)
-    assert odd.split()[1:4] == ["-", "-", "local"], done.stdout  # a conf of no known shape: no crash
+    assert odd.split()[:5] == ["-", "-", "manual__odd", "-", "local"], done.stdout  # no known shape: no crash
 
 
 def test_jobs_launch_runs_the_deployments_policy_from_its_environment_first_and_exits_2(stand_in, tmp_path):

@@ -49,17 +49,26 @@ def register(subparsers: Any) -> None:
     launch.set_defaults(handler=_launch)
 
     queue = commands.add_parser("queue", help="list managed jobs with their status and recoveries")
-    queue.add_argument("--limit", type=int, default=50, help="newest N jobs (default 50)")
+    queue.add_argument("-l", "--limit", type=int, default=50, help="newest N jobs (default 50)")
+    queue.add_argument(
+        "-s", "--skip-finished", action="store_true", help="only the jobs not ended (pending, running)"
+    )
     queue.set_defaults(handler=_queue)
 
     logs = commands.add_parser("logs", help="print (and follow) a managed job's logs, every rank")
-    logs.add_argument("job_id", help="the job id (jobs queue)")
+    logs.add_argument(
+        "job_id",
+        nargs="?",
+        metavar="JOB_ID",
+        help="the job's id or run id (jobs queue; default: the latest job)",
+    )
     logs.add_argument("--no-follow", action="store_true", help="print what is there and return")
     logs.set_defaults(handler=_logs)
 
-    cancel = commands.add_parser("cancel", help="stop a managed job and its nodes")
-    cancel.add_argument("job_ids", nargs="+", metavar="JOB_ID")
-    cancel.add_argument("-y", "--yes", action="store_true", help="accepted, as sky's; cancel never asks")
+    cancel = commands.add_parser("cancel", help="stop managed jobs and their nodes")
+    cancel.add_argument("job_ids", nargs="*", metavar="JOB_ID", help="the jobs' ids or run ids (jobs queue)")
+    cancel.add_argument("-a", "--all", action="store_true", help="cancel every managed job not ended")
+    cancel.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation (-a asks)")
     cancel.set_defaults(handler=_cancel)
 
 
@@ -164,7 +173,7 @@ class UploadProgressBar:
             self.bar = None
 
 
-def _follow(job_id: str, detach_hint: bool) -> int:
+def _follow(job_id: int | str, detach_hint: bool) -> int:
     from airflow_sky.client import managed_jobs
 
     def detach(signum: int, frame: Any) -> None:
@@ -189,21 +198,25 @@ def _follow(job_id: str, detach_hint: bool) -> int:
 def _queue(args: argparse.Namespace) -> int:
     from airflow_sky.client import managed_jobs
 
-    jobs = managed_jobs.queue(limit=args.limit)
+    if args.limit < 1:
+        raise SpecError(f"-l/--limit: must be a positive integer, got {args.limit}")
+    jobs = managed_jobs.queue(limit=args.limit, skip_finished=args.skip_finished)
     console = Console(highlight=False)
     if not jobs:
-        console.print("No managed jobs.")
+        console.print("No unfinished managed jobs." if args.skip_finished else "No managed jobs.")
         return 0
     console.print(queue_table(jobs, datetime.now(UTC), console.width))
     return 0
 
 
 # `jobs queue`'s columns, left to right: (key, header, header when narrow). ID, NAME, #RECOVERIES and STATUS
-# always show; the others go, in DROP_ORDER, when the table would not fit the terminal. PROGRESS and ETA
+# always show; the others go, in DROP_ORDER, when the table would not fit the terminal (RUN ID only when
+# every job listed has an integer id: a run made another way is named by its run id alone). PROGRESS and ETA
 # come from the deployment's airflow-sky plugin (`-` without it, or for a job that reports nothing).
 QUEUE_COLUMNS = (
     ("id", "ID", "ID"),
     ("name", "NAME", "NAME"),
+    ("run_id", "RUN ID", "RUN ID"),
     ("nodes", "NODES", "NODES"),
     ("infra", "INFRA", "INFRA"),
     ("submitted", "SUBMITTED", "SUBMITTED"),
@@ -213,7 +226,7 @@ QUEUE_COLUMNS = (
     ("recoveries", "#RECOVERIES", "#REC"),
     ("status", "STATUS", "STATUS"),
 )
-DROP_ORDER = ("infra", "nodes", "duration", "eta", "submitted", "progress")
+DROP_ORDER = ("infra", "nodes", "duration", "eta", "run_id", "submitted", "progress")
 NAME_MIN = 10  # a longer name is cut to this (with an ellipsis) before a column is dropped
 GAP = 2  # rich's cell padding between two columns (none at the table's edges)
 
@@ -225,7 +238,8 @@ def queue_table(jobs: list[ManagedJob], now: datetime, width: int) -> Table:
     # PROGRESS and ETA only when a job listed reports progress (as `airflow-sky queue`): a queue of jobs
     # that never do keeps the room for the others.
     hidden = () if any(job.progress for job in jobs) else ("progress", "eta")
-    keys, headers = fit_queue_columns(rows, width, hidden)
+    keep = () if all(job.job_id is not None for job in jobs) else ("run_id",)
+    keys, headers = fit_queue_columns(rows, width, hidden, keep)
     natural = _widths(rows, keys, headers)
     others = sum(natural[key] for key in keys if key != "name") + GAP * (len(keys) - 1)
     table = Table(box=None, pad_edge=False)
@@ -242,7 +256,7 @@ def queue_table(jobs: list[ManagedJob], now: datetime, width: int) -> Table:
 
 
 def fit_queue_columns(
-    rows: list[dict[str, str]], width: int, hidden: tuple[str, ...] = ()
+    rows: list[dict[str, str]], width: int, hidden: tuple[str, ...] = (), keep: tuple[str, ...] = ()
 ) -> tuple[list[str], dict[str, str]]:
     """The columns (keys, headers) that fit `width`, but those `hidden`: every one with its full header
     when it fits, else the short headers and the fewest columns dropped (DROP_ORDER)."""
@@ -257,7 +271,7 @@ def fit_queue_columns(
 
     if needed(keys, full) <= width:
         return keys, full
-    for drop in (key for key in DROP_ORDER if key in keys):
+    for drop in (key for key in DROP_ORDER if key in keys and key not in keep):
         if needed(keys, short) <= width:
             break
         keys.remove(drop)
@@ -271,8 +285,9 @@ def _widths(rows: list[dict[str, str]], keys: list[str], headers: dict[str, str]
 
 def _queue_cells(job: ManagedJob, now: datetime) -> dict[str, str]:
     return {
-        "id": job.job_id,
+        "id": str(job.job_id) if job.job_id is not None else "-",
         "name": job.name,
+        "run_id": job.run_id,
         "nodes": str(job.num_nodes or "-"),
         "infra": job.infra,
         "submitted": _ago(job.submitted, now),
@@ -285,22 +300,55 @@ def _queue_cells(job: ManagedJob, now: datetime) -> dict[str, str]:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    if args.no_follow:
-        from airflow_sky.client import managed_jobs
+    from airflow_sky.client import managed_jobs
 
-        job = managed_jobs.logs(args.job_id, follow=False, emit=lambda line: print(line, flush=True))
-        print(f"Managed job {args.job_id}: {job.status}", file=sys.stderr)
+    job_id = args.job_id
+    if job_id is None:  # as sky's: the latest job
+        job_id = _handle(managed_jobs.latest())
+    if args.no_follow:
+        job = managed_jobs.logs(job_id, follow=False, emit=lambda line: print(line, flush=True))
+        print(f"Managed job {job_id}: {job.status}", file=sys.stderr)
         return 0
-    return _follow(args.job_id, detach_hint=False)
+    return _follow(job_id, detach_hint=False)
+
+
+def _handle(job: ManagedJob) -> int | str:
+    """How a job is named to the user and the API: its integer id, else its run id."""
+    return job.job_id if job.job_id is not None else job.run_id
 
 
 def _cancel(args: argparse.Namespace) -> int:
     from airflow_sky.client import managed_jobs
+    from airflow_sky.client.managed_ids import parse_job_id
 
-    for job_id in args.job_ids:
+    if args.all == bool(args.job_ids):
+        raise SpecError("jobs cancel: give the job ids (JOB_ID ...) or -a/--all, one of the two")
+    job_ids: list[int | str] = [parse_job_id(given) for given in args.job_ids]
+    if args.all:
+        job_ids = [_handle(job) for job in managed_jobs.unfinished()]
+        if not job_ids:
+            print("No managed jobs to cancel.")
+            return 0
+        listed = ", ".join(map(str, job_ids))
+        if not args.yes and not _ask(
+            f"Cancelling all managed jobs ({len(job_ids)}: {listed}). Proceed? [Y/n] "
+        ):
+            print("Aborted.")
+            return 1
+    for job_id in job_ids:
         managed_jobs.cancel(job_id)
-        print(f"Cancelling managed job {job_id}: its ranks stop and its nodes are torn down")
+        print(f"Cancelling managed job {job_id}: its ranks stop and its nodes are torn down", flush=True)
     return 0
+
+
+def _ask(question: str) -> bool:
+    """A yes/no question on stdin (Enter: yes); no answer (stdin closed) is no, as sky's."""
+    try:
+        answer = input(question)
+    except EOFError:
+        print()
+        return False
+    return answer.strip().lower() in ("", "y", "yes")
 
 
 def _ago(when: datetime | None, now: datetime) -> str:
