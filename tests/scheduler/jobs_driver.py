@@ -131,8 +131,12 @@ def _queue(env: dict[str, str]) -> dict[str, str]:
     statuses = {}
     for line in out.splitlines():
         fields = line.split()
-        if fields and fields[0].startswith("sky-job-"):
-            statuses[fields[0]] = fields[-1]
+        # The integer id (the first field) and the run id, wherever the table shows it.
+        for field in fields[:1] if fields and fields[0].isdigit() else []:
+            statuses[field] = fields[-1]
+        for field in fields:
+            if field.startswith("sky-job-"):
+                statuses[field] = fields[-1]
     return statuses
 
 
@@ -149,6 +153,11 @@ def _until(what: str, check: Any, timeout_s: float, report: dict[str, Any], poll
             return value
         time.sleep(poll_s)
     raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def _run_id(client: httpx.Client, job_id: str) -> str:
+    """The run id of managed job `job_id` (its id's claim Variable, as the CLI resolves it)."""
+    return str(_get(client, f"/api/v2/variables/airflow_sky_job_id__{job_id}").json()["value"])
 
 
 def _uploaded(s3: S3Server, run_id: str) -> list[str]:
@@ -196,8 +205,9 @@ def scenario(
     job_id = next(
         line.split()[2] for line in report["launch_output"].splitlines() if line.startswith("Managed job")
     )
-    report["train_job"] = job_id
-    run = _get(client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{job_id}").json()
+    report["train_id"] = job_id
+    report["train_job"] = _run_id(client, job_id)  # the run id: what the tables show whole
+    run = _get(client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{report['train_job']}").json()
     report["train_conf"] = run["conf"]
     # `jobs queue` shows the running job's step through the deployment's progress plugin (live).
     report["train_live_queue"] = ""
@@ -233,7 +243,8 @@ def scenario(
     )
     report["long_launch"] = launched.stdout + launched.stderr
     long_id = next(line.split()[2] for line in launched.stdout.splitlines() if line.startswith("Managed job"))
-    long_uploaded = _uploaded(s3, long_id)
+    long_run = _run_id(client, long_id)
+    long_uploaded = _uploaded(s3, long_run)
     _until(
         "both ranks of the second job to run", lambda: len(_starts(probe, "long-starts")) >= 2, 300, report
     )
@@ -252,7 +263,7 @@ def scenario(
     report["long_nodes_left"] = len(daemon.processes_with_marker("managed-long"))
     report["long_uploaded"] = bool(long_uploaded)
     # The cancelled run's teardown removes its files too (remove_uploads, a teardown task).
-    _until("the cancelled job's files to be removed", lambda: not _uploaded(s3, long_id), 180, report)
+    _until("the cancelled job's files to be removed", lambda: not _uploaded(s3, long_run), 180, report)
 
     # 4. A pipeline: its tasks in order in one run; one longer than the DAG's slots is refused locally.
     too_long = _cli(env, "jobs", "launch", str(probe / "pipeline3.yaml"), "--detach")
@@ -281,12 +292,13 @@ def scenario(
     files = _cli(env, "jobs", "launch", str(code / "files.yaml"), "-c", "managed-files", timeout=420)
     report["files"] = {"rc": files.returncode, "output": files.stdout + files.stderr}
     files_id = next(line.split()[2] for line in files.stdout.splitlines() if line.startswith("Managed job"))
-    report["files_conf"] = _get(client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{files_id}").json()["conf"]
+    files_run = _run_id(client, files_id)
+    report["files_conf"] = _get(client, f"/api/v2/dags/airflow_sky_jobs/dagRuns/{files_run}").json()["conf"]
     report["files_status"] = _queue(env).get(files_id)
     logs = _cli(env, "jobs", "logs", files_id, "--no-follow")
     report["files_logs"] = logs.stdout + logs.stderr
-    _until("the files job's uploads to be removed", lambda: not _uploaded(s3, files_id), 180, report)
-    report["files_left"] = _uploaded(s3, files_id)
+    _until("the files job's uploads to be removed", lambda: not _uploaded(s3, files_run), 180, report)
+    report["files_left"] = _uploaded(s3, files_run)
     report["jobs_bucket_left"] = s3.keys(JOBS_BUCKET)
     report["runs_total"] = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
     report["hostile"] = {run_id: _refusal(client, env, run_id, report) for run_id in HOSTILE}
