@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 from airflow_sky.errors import RemoteError, SkyError
 from airflow_sky.node import credential_scope, credential_server, credentials, rclone
+from airflow_sky.node.bucket_access import require_store_credentials
 from airflow_sky.node.client import NodeClient
 from airflow_sky.node.storage import storage_path
 from airflow_sky.task.storage import COPY, BucketMount
@@ -242,9 +243,12 @@ def prepare_buckets(
     """
     created: list[str] = []
     for mount in mounts:
-        path = storage_path(
-            mount.bucket_uri, aws_conn_id, gcp_conn_id, field=f"file_mounts.{mount.destination}"
+        field = f"file_mounts.{mount.destination}"
+        scheme = urlparse(mount.bucket_uri).scheme
+        require_store_credentials(
+            scheme, {"s3": aws_conn_id, "gs": gcp_conn_id}.get(scheme), mount.bucket_uri, field
         )
+        path = storage_path(mount.bucket_uri, aws_conn_id, gcp_conn_id, field=field)
         fs, bucket = path.fs, mount.bucket
         exists = _bucket_exists(fs, bucket, mount)
         if not exists:

@@ -81,3 +81,24 @@ def test_a_launch_mounts_a_bucket_of_the_default_store_set_only_in_the_cli_cfg(
     assert result.returncode == 0, out[-4000:]
     assert "read-through-the-default-store" in out
     assert daemon.processes_with_marker("settings-cfg") == []
+
+
+def test_a_bucket_job_without_a_connection_or_credentials_fails_at_once_naming_the_connection(
+    tmp_path: Path,
+) -> None:
+    """Once, it failed after 16-23 s with "bucket s3://... does not exist" (anonymous access, retried
+    against AWS): the real cause, no connection, was only in the Airflow log."""
+    (tmp_path / "task.yaml").write_text(TASK)
+    env = _env(tmp_path, shell="s3")
+    env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    env.update(  # nothing for boto3 to find on its own either (files, instance metadata)
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+        AWS_CONFIG_FILE=str(tmp_path / "none"),
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    result = _cli(env, "launch", "-c", "settings-noconn", str(tmp_path / "task.yaml"), "--down", "-y")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert "no Airflow connection 'aws_default' is defined" in out, out[-4000:]
+    assert "AIRFLOW_CONN_AWS_DEFAULT=" in out and "does not exist" not in out
+    assert daemon.processes_with_marker("settings-noconn") == []  # no node was made
