@@ -9,11 +9,13 @@ everywhere else.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from airflow.sdk import ObjectStoragePath
-
 from airflow_sky.errors import SkyError, SpecError
+
+if TYPE_CHECKING:  # imported where used: a sync without buckets (the CLI's exec) loads no Airflow
+    from airflow.sdk import ObjectStoragePath
 
 SCHEMES = ("s3", "gs", "file")
 _DEFAULT_CONN = {"s3": "aws_default", "gs": "google_cloud_default"}
@@ -24,6 +26,8 @@ def storage_path(
     uri: str, aws_conn_id: str | None = None, gcp_conn_id: str | None = None, field: str = "uri"
 ) -> ObjectStoragePath:
     """The ObjectStoragePath of `uri` (a plain path is a local file); `field` names the setting in errors."""
+    from airflow.sdk import ObjectStoragePath
+
     scheme = urlparse(uri).scheme
     if scheme == "":
         return ObjectStoragePath("file://" + os.path.abspath(os.path.expanduser(uri)))
