@@ -287,6 +287,7 @@ def start(cluster_name: str) -> None:
     if not any(n.status is NodeStatus.STOPPED for n in nodes):
         states = ", ".join(sorted({n.status.value for n in nodes}))
         raise ClusterError(f"cluster {cluster_name!r} is not stopped ({states}); nothing to start")
+    cluster.record_autostop(None)  # its nodes come back without their watchers (`autostop -i` re-arms)
     started = cluster.cloud.provision(ProvisionRequest(cluster_name=cluster_name, num_nodes=len(nodes)))
     cluster_again = cluster_of(cluster_name)
     ssh_config.write_entries(cluster_name, started, cluster_again.key_files(started))
@@ -323,16 +324,26 @@ def _first_clause(error: Exception) -> str:
     return str(error).split(";", 1)[0].split(": ", 1)[-1]
 
 
-def status(cluster_names: Sequence[str] | None = None, infra: str | None = None) -> list[dict[str, Any]]:
-    """Clusters with their nodes: [{"name", "infra", "status": UP|...|NOT_FOUND, "nodes": [...]}].
+def status(
+    cluster_names: Sequence[str] | None = None, infra: str | None = None, refresh: bool = False
+) -> list[dict[str, Any]]:
+    """Clusters with their nodes: [{"name", "infra", "status": UP|...|NOT_FOUND, "nodes": [...],
+    "autostop": {"idle_minutes", "down"} or None}].
 
     Named clusters without `infra` are found as `down` finds them (the index, else every infra configured
     here); a NOT_FOUND one has the search's message under "note". With `infra`, that infra is asked and a
     named cluster found there is recorded. Without names: every cluster of `infra` (default local).
+    `refresh` (sky's `status -r`): every infra configured here is asked (client/cluster_status.py).
     """
     bind_private_home()
+    if refresh and infra is None:
+        from airflow_sky.client.cluster_status import refreshed_status
+
+        return refreshed_status(cluster_names)
     if cluster_names and infra is None:
         return [_status_of(name) for name in cluster_names]
+    from airflow_sky.client.cluster_status import status_row
+    from airflow_sky.infra.cluster import Cluster
     from airflow_sky.infra.registry import get_cloud
 
     infra = infra or "local"
@@ -342,7 +353,7 @@ def status(cluster_names: Sequence[str] | None = None, infra: str | None = None)
         nodes = cloud.nodes(name)
         if cluster_names and nodes:
             remember(name, infra)  # `status --infra I NAME` is how a user says where an ambiguous name lives
-        result.append(_status_row(name, infra, nodes))
+        result.append(status_row(Cluster(name, infra, cloud), nodes))
     return result
 
 
@@ -356,15 +367,10 @@ def endpoints(cluster: str, port: int | None = None) -> dict[int, str]:
 
 def _status_of(cluster_name: str) -> dict[str, Any]:
     from airflow_sky.client.cluster_search import AmbiguousCluster, ClusterNotFound
+    from airflow_sky.client.cluster_status import not_found_row, status_row
 
     try:
         cluster, nodes = _existing(cluster_name)
     except (ClusterNotFound, AmbiguousCluster) as e:
-        return _status_row(cluster_name, None, []) | {"note": str(e)}
-    return _status_row(cluster_name, cluster.infra, nodes)
-
-
-def _status_row(name: str, infra: str | None, nodes: Sequence[Node]) -> dict[str, Any]:
-    states = sorted({n.status.value for n in nodes})
-    summary = "NOT_FOUND" if not nodes else "UP" if states == ["RUNNING"] else ",".join(states)
-    return {"name": name, "infra": infra, "status": summary, "nodes": [n.to_dict() for n in nodes]}
+        return not_found_row(cluster_name) | {"note": str(e)}
+    return status_row(cluster, nodes)

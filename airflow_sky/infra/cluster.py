@@ -25,6 +25,7 @@ from airflow_sky.task import Resources
 if TYPE_CHECKING:  # paramiko is imported with the first connection: `airflow-sky status` opens none
     from airflow_sky.node.client import NodeClient
 
+AUTOSTOP_KEY = "autostop"  # the cluster's armed autostop ({idle_minutes, down}), for `status`'s AUTOSTOP
 AUTOSTOP_CHECK_ENV = "AIRFLOW_SKY_AUTOSTOP_CHECK_S"  # how often a node's watcher looks (default 60 s)
 DEFAULT_AUTOSTOP_CHECK_S = 60.0
 
@@ -66,6 +67,8 @@ class Cluster:
                 resources.ports = ports
         if len(existing) >= num_nodes and len(running) == len(existing) and ports is None:
             return existing
+        if any(n.status is NodeStatus.STOPPED for n in existing):
+            self.record_autostop(None)  # restarted nodes run no watcher until armed again
         request = ProvisionRequest(
             self.name,
             max(num_nodes, len(existing)),
@@ -177,7 +180,27 @@ class Cluster:
 
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(nodes)))) as pool:
             list(pool.map(arm, nodes))
+        self.record_autostop(config if isinstance(config, dict) else None)
         return autostop
+
+    def record_autostop(self, config: dict[str, object] | None) -> None:
+        """Keep what the nodes' watchers were armed with (None: none is) in the cluster's state, where
+        `status` reads it without asking a node."""
+        store = self.state_store()
+        data = (
+            {} if config is None else {"idle_minutes": config["idle_minutes"], "down": bool(config["down"])}
+        )
+        for _ in range(20):  # a conditional write: another writer in between means read again
+            current = store.get(AUTOSTOP_KEY)
+            if (current.data if current is not None else {}) == data:
+                return
+            if store.put(AUTOSTOP_KEY, data, current.version if current else None) is not None:
+                return
+
+    def autostop_setting(self) -> dict[str, object] | None:
+        """The autostop the nodes were last armed with ({idle_minutes, down}), None when none is."""
+        record = self.state_store().get(AUTOSTOP_KEY)
+        return record.data if record is not None and record.data else None
 
     def state_store(self) -> StateStore:
         """Where the cluster's job state lives (kept by the infra, not on any node)."""

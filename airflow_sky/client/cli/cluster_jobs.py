@@ -8,20 +8,22 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any, TextIO, cast
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-from airflow_sky.client.cli.progress_cells import eta_cell, progress_cell
+from airflow_sky.client.cli.job_table import failure_of, queue_table
+from airflow_sky.client.cli.tables import terminal_console
 from airflow_sky.errors import ClusterError, SpecError
+from airflow_sky.gang.job import JobStatus
+
+__all__ = ["check_job_ids", "end_line", "failure_of", "register", "terminal_console"]
 
 
 def register(subparsers: Any) -> None:
-    queue = subparsers.add_parser("queue", help="list a cluster's jobs")
-    queue.add_argument("cluster")
+    queue = subparsers.add_parser("queue", help="list clusters' jobs (no cluster: every cluster known here)")
+    queue.add_argument("clusters", nargs="*", metavar="CLUSTER", help="default: every cluster known here")
+    queue.add_argument(
+        "-s", "--skip-finished", action="store_true", help="only the jobs that have not finished (as sky's)"
+    )
     queue.set_defaults(handler=_queue)
 
     logs = subparsers.add_parser("logs", help="print (and follow) a job's node logs")
@@ -45,6 +47,12 @@ def register(subparsers: Any) -> None:
         "--status", action="store_true", help="print the job's status only; exit 0 only if it SUCCEEDED"
     )
     logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="print the node logs as written, @@airflow-sky-progress/1 lines included (by default they are "
+        "left out and the job's progress is one 'progress:' line)",
+    )
+    logs.add_argument(
         "--provision",
         action="store_true",
         help="print the cluster's provision log (what its latest provisioning did: the infra's lines, then "
@@ -62,7 +70,10 @@ def register(subparsers: Any) -> None:
     cancel = subparsers.add_parser("cancel", help="kill a job's processes on every node (CANCELLED)")
     cancel.add_argument("cluster")
     cancel.add_argument("job_ids", nargs="*", type=int, help="default: the latest unfinished job")
-    cancel.add_argument("--all", action="store_true", help="cancel every unfinished job")
+    cancel.add_argument("-a", "--all", action="store_true", help="cancel every unfinished job of the cluster")
+    cancel.add_argument(
+        "-y", "--yes", action="store_true", help="do not ask (a terminal is asked first, as sky does)"
+    )
     cancel.set_defaults(handler=_cancel)
 
     ssh = subparsers.add_parser(
@@ -80,91 +91,41 @@ def register(subparsers: Any) -> None:
     ssh.set_defaults(handler=_ssh)
 
 
-def _ago(timestamp: Any, now: float) -> str:
-    """`sky queue`'s relative time: '5 mins ago'."""
-    when = _epoch(timestamp)
-    if when is None:
-        return "-"
-    seconds = max(0, int(now - when))
-    for size, unit in ((86400, "day"), (3600, "hr"), (60, "min")):
-        if seconds >= size:
-            count = seconds // size
-            return f"{count} {unit}{'s' if count > 1 else ''} ago"
-    return f"{seconds} secs ago" if seconds != 1 else "1 sec ago"
-
-
-def _duration(started: Any, ended: Any, now: float) -> str:
-    start = _epoch(started)
-    if start is None:
-        return "-"
-    end = _epoch(ended) or now
-    seconds = max(0, int(end - start))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h {rest // 60}m" if hours else f"{rest // 60}m {rest % 60}s"
-
-
-def _epoch(timestamp: Any) -> float | None:
-    if not timestamp:
-        return None
-    if isinstance(timestamp, str):
-        try:
-            parsed = datetime.fromisoformat(timestamp)
-        except ValueError:
-            return None
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
-    return float(timestamp)
-
-
-def failure_of(record: dict[str, Any]) -> str:
-    """'rank 1: exit 4' for a failed job (the rank that failed first and its exit code), 'cancelled' for a
-    cancelled one (recorded as rank -1, exit 143: no rank failed), else '-'."""
-    rank = record.get("failed_rank")
-    if record.get("status") == "CANCELLED" or rank == -1:
-        return "cancelled"
-    if rank is None:
-        return "-"
-    code = record.get("failed_exit_code")
-    return f"rank {rank}: exit {'?' if code is None else code}"
-
-
 def _queue(args: argparse.Namespace) -> int:
+    """`queue [CLUSTER...] [-s]`: each cluster's jobs, newest first, one table per cluster (as sky's); no
+    cluster named: every cluster known here. A cluster whose queue cannot be read is one line on stderr."""
     from airflow_sky.client import sdk
+    from airflow_sky.client.cli.cluster_select import known_clusters
+    from airflow_sky.client.cluster_search import ClusterNotFound
 
-    records = sdk.queue(args.cluster)
-    now = time.time()
-    # PROGRESS and ETA only when a job listed reports progress: a queue of jobs that never do keeps its
-    # 80 columns (a job that reports nothing shows `-` beside one that does).
-    reporting = any(record.get("progress") for record in records)
-    columns = ["ID", "NAME", "SUBMITTED", "DURATION", "NODES", "STATUS", "FAILED"]
-    if reporting:
-        columns[5:5] = ["PROGRESS", "ETA"]
-    table = Table(title=f"Job queue of {args.cluster}")
-    for column in columns:
-        # Only the name gives way on a narrow terminal (folded); the rest stay whole.
-        table.add_column(
-            column, overflow="fold", no_wrap=column != "NAME", min_width=4 if column == "NAME" else None
-        )
-    for record in reversed(records):
-        cells = [
-            str(record["job_id"]),
-            str(record.get("name") or "-"),
-            _ago(record.get("submitted_at"), now),
-            _duration(record.get("started_at"), record.get("ended_at"), now),
-            str(record.get("num_nodes") or "-"),
-            str(record.get("status")),
-            failure_of(record),
-        ]
-        if reporting:
-            cells[5:5] = [progress_cell(record.get("progress")), eta_cell(record.get("progress"))]
-        # Text, not markup: a job's name is anyone's who may launch on the cluster.
-        table.add_row(*(Text(cell) for cell in cells))
-    terminal_console().print(table)
-    return 0
-
-
-def terminal_console() -> Console:
-    """A console for tables: as wide as the terminal (or $COLUMNS), 80 columns when not a terminal."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 80)
+    named = bool(args.clusters)
+    clusters = args.clusters or known_clusters()
+    console = terminal_console()
+    if not clusters:
+        console.print("No clusters.")
+        return 0
+    failed = False
+    for cluster in clusters:
+        try:
+            records = sdk.queue(cluster)
+        except ClusterNotFound as e:
+            if named:  # one the index still names but that is gone everywhere: nothing to list
+                print(f"airflow-sky: error: {e}", file=sys.stderr)
+                failed = True
+            continue
+        except ClusterError as e:
+            print(f"airflow-sky: error: cannot read the job queue of cluster {cluster}: {e}", file=sys.stderr)
+            failed = True
+            continue
+        if args.skip_finished:
+            records = [r for r in records if not JobStatus(str(r.get("status"))).is_terminal]
+        if not records:
+            console.print(
+                f"Job queue of {cluster}: no {'unfinished ' if args.skip_finished else ''}jobs.", markup=False
+            )
+            continue
+        console.print(queue_table(records, cluster, time.time(), console.width))
+    return 1 if failed else 0
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -178,6 +139,10 @@ def _logs(args: argparse.Namespace) -> int:
         raise SpecError("--sync-down and --status cannot be combined (ambiguous); give one of them")
     if args.worker is not None and not args.provision:
         raise SpecError("--worker can only be used with --provision (as in sky logs)")
+    if args.raw and (args.provision or args.sync_down or args.status):
+        raise SpecError(
+            "--raw: only for a job's node logs; it cannot be combined with --provision, --sync-down or --status"
+        )
     if args.provision:
         if args.job_id is not None or args.sync_down or args.status:
             raise SpecError("--provision cannot be combined with a job id, --sync-down or --status")
@@ -204,9 +169,17 @@ def _logs(args: argparse.Namespace) -> int:
         print(f"Job {job_id} logs ({len(files)} files): {folder}")
         return 0
     output = cast(TextIO, PipeSafeOutput(sys.stdout))
+    from airflow_sky.client.cli.live_progress import LogsProgress
+
+    progress = None if args.raw else LogsProgress(args.cluster, args.job_id, output)
+    if progress is not None and not args.no_follow:
+        progress.start()
 
     def ended(record: dict[str, Any]) -> None:
-        print(end_line(record, args.cluster), file=output, flush=True)
+        if progress is not None:
+            progress.finish()  # the job's last progress line, after its logs
+        if not args.no_follow:
+            print(end_line(record, args.cluster), file=output, flush=True)
 
     return sdk.tail_logs(
         args.cluster,
@@ -214,7 +187,8 @@ def _logs(args: argparse.Namespace) -> int:
         follow=not args.no_follow,
         output=output,
         tail=args.tail,
-        on_end=None if args.no_follow else ended,
+        on_end=ended,
+        raw=args.raw,
     )
 
 
@@ -243,6 +217,18 @@ def _cancel(args: argparse.Namespace) -> int:
     check_job_ids(args.cluster, args.job_ids)
     from airflow_sky.client import sdk
 
+    if args.all:
+        which = "every unfinished job"
+    elif args.job_ids:
+        which = f"job(s) {' '.join(map(str, args.job_ids))}"
+    else:
+        which = "the latest unfinished job"
+    # As sky's: a terminal is asked (yes by default), a script never.
+    if not args.yes and sys.stdin.isatty():
+        answer = input(f"Cancelling {which} on cluster {args.cluster}. Proceed? [Y/n] ")
+        if answer.strip().lower() not in ("", "y", "yes"):
+            print("Aborted.")
+            return 1
     cancelled = sdk.cancel(args.cluster, args.job_ids or None, all=args.all)
     print(
         f"Cancelled job(s) {', '.join(map(str, cancelled))} on {args.cluster}."

@@ -7,10 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
-from airflow_sky.errors import SpecError
+from airflow_sky.errors import ClusterError, SkyError, SpecError
 
 
 class _ClustersThenPort(argparse.Action):
@@ -37,7 +34,15 @@ def register(subparsers: Any) -> None:
         help="infra to query (default: local; named clusters: where they were launched, else every infra "
         "configured here)",
     )
+    status.add_argument(
+        "-r",
+        "--refresh",
+        action="store_true",
+        help="ask every infra configured here for its clusters (and bring this machine's record of them "
+        "up to date), as sky's --refresh asks the clouds",
+    )
     shown = status.add_mutually_exclusive_group()
+    shown.add_argument("--ip", action="store_true", help="print the head node's IP address only, as sky's")
     shown.add_argument(
         "--endpoints",
         action="store_true",
@@ -51,16 +56,14 @@ def register(subparsers: Any) -> None:
     down_cmd = subparsers.add_parser(
         "down", help="tear clusters down (asks first on a terminal, as sky does)"
     )
-    down_cmd.add_argument("clusters", nargs="+", help="cluster names")
-    down_cmd.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    _selection(down_cmd, "tear down")
     down_cmd.set_defaults(handler=_down)
 
     stop = subparsers.add_parser(
         "stop",
         help="stop a cluster's nodes, keeping their disks (local, aws, gcp); `start` or a launch restarts",
     )
-    stop.add_argument("clusters", nargs="+", help="cluster names")
-    stop.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    _selection(stop, "stop")
     stop.set_defaults(handler=_stop)
 
     start = subparsers.add_parser("start", help="start a stopped cluster again (same disks)")
@@ -82,37 +85,47 @@ def register(subparsers: Any) -> None:
     autostop.set_defaults(handler=_autostop)
 
 
+def _selection(parser: Any, verb: str) -> None:
+    """CLUSTER... (names or glob patterns, as sky's) or -a/--all. (`names`, not `clusters`: a pattern is no
+    cluster name, so client/cli/cluster_select.py checks the names.)"""
+    parser.add_argument(
+        "names", nargs="*", metavar="CLUSTER", help="cluster names or glob patterns ('dev*', quoted)"
+    )
+    parser.add_argument("-a", "--all", action="store_true", help=f"{verb} every cluster known here")
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+
+
 def _status(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
-    from airflow_sky.client.cli.cluster_jobs import terminal_console
+    from airflow_sky.client.cli.status_table import print_status
 
+    if args.refresh and (args.ip or args.endpoints or args.endpoint is not None):
+        raise SpecError("status: --refresh cannot be combined with --ip or --endpoint(s) (as in sky)")
     if args.endpoints or args.endpoint is not None:
         return _endpoints(args)
     if args.endpoint_port is not None:
         raise SpecError(f"status: {args.endpoint_port} is no cluster name (a port goes with --endpoints)")
-    clusters = sdk.status(args.clusters or None, infra=args.infra)
-    console = terminal_console()
-    if not clusters:
-        console.print(f"No clusters on {args.infra or 'local'}.")
-        return 0
-    infras = sorted({c["infra"] for c in clusters if c.get("infra")})
-    by_infra = len(infras) > 1  # named clusters on several infras: a column says which
-    table = Table(title=f"Clusters ({escape(infras[0])})" if len(infras) == 1 else "Clusters")
-    for column in ("NAME", *(["INFRA"] if by_infra else []), "NODES", "HEAD IP", "STATUS"):
-        table.add_column(column, overflow="fold")
-    for cluster in clusters:
-        nodes = cluster["nodes"]
-        table.add_row(
-            cluster["name"],
-            *([escape(cluster.get("infra") or "-")] if by_infra else []),
-            str(len(nodes)),
-            nodes[0]["internal_ip"] if nodes else "-",
-            cluster["status"],
-        )
-    console.print(table)
-    for cluster in clusters:
-        if cluster.get("note"):
-            print(f"{cluster['name']}: {cluster['note']}")
+    if args.ip:
+        return _head_ip(args.clusters)
+    refresh = {"refresh": True} if args.refresh else {}
+    clusters = sdk.status(args.clusters or None, infra=args.infra, **refresh)
+    print_status(clusters, args.infra)
+    return 0
+
+
+def _head_ip(names: list[str]) -> int:
+    """`status --ip CLUSTER`: the head node's address alone (the one ssh reaches), as sky's."""
+    from airflow_sky.client import sdk
+
+    if len(names) != 1:
+        raise SpecError("status --ip: name exactly one cluster (status --ip CLUSTER)")
+    (row,) = sdk.status(names)
+    if not row["nodes"]:
+        raise ClusterError(row.get("note") or f"cluster {names[0]!r} not found")
+    head = row["nodes"][0]
+    if head["status"] != "RUNNING":
+        raise ClusterError(f"cluster {names[0]!r} is not up (its head is {head['status']})")
+    print(head["ssh_host"])
     return 0
 
 
@@ -152,29 +165,61 @@ def _confirm(args: argparse.Namespace, question: str) -> bool:
 def _down(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
 
-    question = f"Terminating cluster(s) {', '.join(args.clusters)}: their nodes and disks are deleted."
-    return _each_once_confirmed(args, question, sdk.down, "Cluster {name} terminated.")
+    return _each_once_confirmed(
+        args,
+        "down",
+        "Terminating cluster(s) {clusters}: their nodes and disks are deleted.",
+        sdk.down,
+        "terminated",
+    )
 
 
 def _stop(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
 
-    question = f"Stopping cluster(s) {', '.join(args.clusters)} (disks are kept)."
-    done = "Cluster {name} stopped. Start it again with: airflow-sky start {name}"
-    return _each_once_confirmed(args, question, sdk.stop, done)
+    return _each_once_confirmed(
+        args, "stop", "Stopping cluster(s) {clusters} (disks are kept).", sdk.stop, "stopped", start_hint=True
+    )
 
 
 def _each_once_confirmed(
-    args: argparse.Namespace, question: str, act: Callable[[str], None], done: str
+    args: argparse.Namespace,
+    command: str,
+    question: str,
+    act: Callable[[str], None],
+    done: str,
+    start_hint: bool = False,
 ) -> int:
-    """`act` on each named cluster, saying `done` of each, once the user said yes (or was not asked)."""
-    if not _confirm(args, question):
+    """`act` on each cluster the arguments mean (names, patterns, --all), once the user said yes (or was
+    not asked). One cluster named: its error is the command's. Several: each one's error is a line, the
+    others go on, and the exit status says whether any failed; one a pattern or --all found in this
+    machine's record that no infra has any more is said to be gone."""
+    from airflow_sky.client.cli.cluster_select import select
+    from airflow_sky.client.cluster_search import ClusterNotFound
+
+    clusters, expanded = select(command, args.names, args.all)
+    if not clusters:
+        print("No clusters (see `airflow-sky status`).")
+        return 0
+    if not _confirm(args, question.format(clusters=", ".join(clusters))):
         print("Aborted.")
         return 1
-    for name in args.clusters:
-        act(name)
-        print(done.format(name=name))
-    return 0
+    failed = False
+    for name in clusters:
+        try:
+            act(name)
+        except SkyError as e:
+            if isinstance(e, ClusterNotFound) and name in expanded:
+                print(f"Cluster {name} is gone (no infra has it any more).")
+                continue
+            if len(clusters) == 1:
+                raise
+            print(f"airflow-sky: error: cluster {name}: {e}", file=sys.stderr)
+            failed = True
+            continue
+        hint = f" Start it again with: airflow-sky start {name}" if start_hint else ""
+        print(f"Cluster {name} {done}.{hint}")
+    return 1 if failed else 0
 
 
 def _start(args: argparse.Namespace) -> int:

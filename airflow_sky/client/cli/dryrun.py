@@ -5,11 +5,22 @@ from __future__ import annotations
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from airflow_sky.client.cli.tables import Column, fitted_table
 from airflow_sky.task import Task
 
 _ROWS = 6  # the chosen offering and the next cheapest instance types
+# On a narrow terminal the instance is cut first (a local or ssh row names its machines there), then
+# Mem(GB), vCPUs and GPUS go in that order.
+_COLUMNS = (
+    Column("INFRA"),
+    Column("INSTANCE", name=True),
+    Column("vCPUs", drop=2),
+    Column("Mem(GB)", drop=1),
+    Column("GPUS", drop=3),
+    Column("COST ($)"),
+    Column("CHOSEN"),
+)
 
 
 def print_plan(task: Task, infra: str, console: Console) -> None:
@@ -18,16 +29,14 @@ def print_plan(task: Task, infra: str, console: Console) -> None:
     from airflow_sky.infra.provisioning import container_note
 
     cloud = infra.split("/", 1)[0].lower()
-    # SkyPilot's plain layout (no vertical rules), so a row fits an 80-column terminal.
-    table = Table(
-        title=f"Considered resources ({task.num_nodes} node{'s' if task.num_nodes != 1 else ''})",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        padding=(0, 1, 0, 0),
-        show_edge=False,
-    )
-    for column in ("INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "COST ($)", "CHOSEN"):
-        table.add_column(column, no_wrap=True)
+    rows: list[list[str]] = []
+
+    def print_table() -> None:
+        title = f"Considered resources ({task.num_nodes} node{'s' if task.num_nodes != 1 else ''})"
+        # SkyPilot's plain layout (no vertical rules), fitted to the terminal (client/cli/tables.py).
+        options = {"box": box.SIMPLE_HEAD, "pad_edge": False, "padding": (0, 1, 0, 0), "show_edge": False}
+        console.print(fitted_table(_COLUMNS, rows, console.width, title=title, **options))
+
     if cloud in ("local", "ssh"):
         what = "this machine" if cloud == "local" else f"the hosts of pool {infra.split('/', 1)[-1]}"
         gpus = (
@@ -35,8 +44,8 @@ def print_plan(task: Task, infra: str, console: Console) -> None:
             if task.resources.accelerator_name
             else "-"
         )
-        table.add_row(infra, f"{task.num_nodes} x {what}", "-", "-", gpus, "0.00", "✔")
-        console.print(table)
+        rows.append([infra, f"{task.num_nodes} x {what}", "-", "-", gpus, "0.00", "✔"])
+        print_table()
         return
     resources = task.resources
     if infra != resources.infra:  # --infra (a cloud, a region, or `*` for any) overrides the task's
@@ -44,16 +53,18 @@ def print_plan(task: Task, infra: str, console: Console) -> None:
     choices = best_per_instance_type(plan(resources, task.num_nodes))[:_ROWS]
     for i, choice in enumerate(choices):
         o = choice.offering
-        table.add_row(
-            f"{o.cloud.upper()} ({o.zone})",
-            escape(o.instance_type + ("[Spot]" if choice.use_spot else "")),  # SkyPilot's spelling
-            f"{o.vcpus:g}",
-            f"{o.memory_gib:g}",
-            f"{o.accelerator}:{o.accelerator_count}" if o.accelerator else "-",
-            f"{choice.cost:.2f}",
-            "✔" if i == 0 else "",
+        rows.append(
+            [
+                f"{o.cloud.upper()} ({o.zone})",
+                o.instance_type + ("[Spot]" if choice.use_spot else ""),  # SkyPilot's spelling
+                f"{o.vcpus:g}",
+                f"{o.memory_gib:g}",
+                f"{o.accelerator}:{o.accelerator_count}" if o.accelerator else "-",
+                f"{choice.cost:.2f}",
+                "✔" if i == 0 else "",
+            ]
         )
-    console.print(table)
+    print_table()
     note = network_note(choices[0], resources) if choices else None
     if note:
         console.print(escape(note))

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from airflow_sky.client.cli.tables import Column, fitted_table, terminal_console
 from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.infra.base import ProvisionRequest
 from airflow_sky.infra.local import daemon, layout
@@ -113,12 +113,20 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+# On a narrow terminal the instance id is cut first, then `ssh port` and `ip` go.
+_NODE_COLUMNS = (
+    Column("rank"),
+    Column("ip", drop=2),
+    Column("ssh port", drop=1),
+    Column("instance", name=True),
+    Column("status"),
+)
+
+
 def _print_nodes(name: str, nodes: list[Any]) -> None:
-    table = Table(title=f"local cluster {name}")
-    for column in ("rank", "ip", "ssh port", "instance", "status"):
-        table.add_column(column)
-    for node in nodes:
-        table.add_row(
-            str(node.rank), node.internal_ip, str(node.ssh_port), node.instance_id, node.status.value
-        )
-    Console().print(table)
+    console = terminal_console()
+    rows = [
+        [str(node.rank), node.internal_ip, str(node.ssh_port), node.instance_id, node.status.value]
+        for node in nodes
+    ]
+    console.print(fitted_table(_NODE_COLUMNS, rows, console.width, title=f"local cluster {name}"))

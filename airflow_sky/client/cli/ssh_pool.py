@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console
-from rich.table import Table
 from rich.text import Text
+
+from airflow_sky.client.cli.tables import Column, fitted_table, terminal_console
 
 if TYPE_CHECKING:
     from airflow_sky.infra.ssh.cloud import HostStatus, SshCloud
@@ -40,43 +40,62 @@ def run(action: str, argv: Sequence[str]) -> int:
     return _check(cloud) if action == "check" else _unlock(cloud, args.hosts, args.force)
 
 
+# `sky check`'s plain layout (no vertical rules); on a narrow terminal the host name is cut first, then
+# PYTHON3, BASH, RSYNC, GPUS and HELD BY go in that order.
+_CHECK_COLUMNS = (
+    Column("#"),
+    Column("HOST", name=True),
+    Column("SSH"),
+    Column("BASH", drop=2),
+    Column("RSYNC", drop=3),
+    Column("PYTHON3", drop=1),
+    Column("GPUS", drop=4),
+    Column("HELD BY", drop=5),
+)
+
+
 def _check(cloud: SshCloud) -> int:
-    console = Console(highlight=False, soft_wrap=True)
+    console = terminal_console()
     statuses = cloud.check()
-    # `sky check`'s plain layout (no vertical rules), so a row fits an 80-column terminal.
-    table = Table(
+    rows: list[list[str | Text]] = []
+    healthy = True
+    missing = Text("missing", style="red")
+    for status in statuses:
+        host = status.host
+        facts = status.facts
+        if facts is None:
+            healthy = False
+            rows.append([str(host.index), host.name, Text("✗ below", style="red"), *["-"] * 5])
+            continue
+        ok_tools = facts.bash != "-" and facts.python != "-"
+        healthy = healthy and ok_tools
+        rows.append(
+            [
+                str(host.index),
+                host.name,  # as the pool lists it (an IP or an alias); the user is the pool's
+                Text("✓", style="green"),
+                # What the host answered is text, never markup (a lock's holder is written on the host).
+                facts.bash.split("(")[0] if facts.bash != "-" else missing,
+                "✓" if facts.rsync else Text("no: SFTP", style="yellow"),
+                facts.python if facts.python != "-" else missing,
+                facts.gpus.describe().replace("NVIDIA ", "") if facts.gpus.count else "-",
+                _holder(status.lock),
+            ]
+        )
+    table = fitted_table(
+        _CHECK_COLUMNS,
+        rows,
+        console.width,
         title=f"ssh/{cloud.pool_name} ({cloud.pool.source})",
         box=box.SIMPLE_HEAD,
         show_edge=False,
         pad_edge=False,
         padding=(0, 1, 0, 0),
     )
-    for column in ("#", "HOST", "SSH", "BASH", "RSYNC", "PYTHON3", "GPUS", "HELD BY"):
-        table.add_column(column, overflow="fold", no_wrap=column == "HOST")
-    healthy = True
-    for status in statuses:
-        host = status.host
-        facts = status.facts
-        if facts is None:
-            healthy = False
-            table.add_row(
-                str(host.index), host.name, Text(f"✗ {_short(status.error)}", style="red"), *["-"] * 6
-            )
-            continue
-        ok_tools = facts.bash != "-" and facts.python != "-"
-        healthy = healthy and ok_tools
-        table.add_row(
-            str(host.index),
-            host.name,  # as the pool lists it (an IP or an alias); the user is the pool's
-            "[green]✓[/green]",
-            # What the host answered is text, never markup (a lock's holder is written on the host).
-            Text(facts.bash.split("(")[0]) if facts.bash != "-" else "[red]missing[/red]",
-            "✓" if facts.rsync else "[yellow]no: SFTP[/yellow]",
-            Text(facts.python) if facts.python != "-" else "[red]missing[/red]",
-            Text(facts.gpus.describe().replace("NVIDIA ", "")) if facts.gpus.count else "-",
-            Text(_holder(status.lock)),
-        )
     console.print(table)
+    for status in statuses:  # under the table, wrapped: a row of it would not hold a whole error
+        if status.facts is None:
+            console.print(Text(f"✗ {status.host.name}: {_short(status.error)}", style="red"))
     console.print(Text(_runtimes_line(statuses)))
     if not healthy:
         console.print("Some hosts cannot run jobs; see the rows marked ✗ or missing.")

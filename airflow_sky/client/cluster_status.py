@@ -1,0 +1,98 @@
+"""`status`'s rows, and `status -r` (sky's `--refresh`): every infra configured here asked for its clusters.
+
+A plain `status` asks one infra (`--infra`, default local) or, for named clusters, the infra the index
+names. With `refresh` every infra configured here is asked at once (local, each ssh pool of the pool files,
+each cloud with its Airflow connection, as client/cluster_search.py asks them), within one deadline: the
+rows are what the infras hold now, and this machine's index is brought up to date with them (a cluster
+found on one infra is recorded there; one the index names on an infra that answered without it is
+forgotten). An infra that could not be asked is one note on stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_sky.client import cluster_index, cluster_search
+from airflow_sky.client.cluster_lookup import forget
+
+if TYPE_CHECKING:  # loads Airflow, which engine.prepare_airflow must configure first
+    from airflow_sky.infra.base import Node
+    from airflow_sky.infra.cluster import Cluster
+
+
+def not_found_row(name: str) -> dict[str, Any]:
+    return {"name": name, "infra": None, "status": "NOT_FOUND", "nodes": [], "autostop": None}
+
+
+def status_row(cluster: Cluster, nodes: Sequence[Node]) -> dict[str, Any]:
+    """A cluster's row; its autostop as armed, read where the infra keeps it (an UP cluster's only: a
+    stopped node's watcher has acted, and a started one runs none until armed again)."""
+    from airflow_sky.infra.base import Cloud
+
+    if not nodes:
+        return not_found_row(cluster.name) | {"infra": cluster.infra}
+    states = sorted({n.status.value for n in nodes})
+    summary = "UP" if states == ["RUNNING"] else ",".join(states)
+    armable = type(cluster.cloud).autostop_action is not Cloud.autostop_action  # ssh pools: never armed
+    return {
+        "name": cluster.name,
+        "infra": cluster.infra,
+        "status": summary,
+        "nodes": [n.to_dict() for n in nodes],
+        "autostop": cluster.autostop_setting() if summary == "UP" and armable else None,
+    }
+
+
+def refreshed_status(cluster_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Every cluster (or those named) on every infra configured here, the index updated to match."""
+    from airflow_sky.infra.cluster import Cluster
+    from airflow_sky.infra.registry import get_cloud
+
+    infras, problems = cluster_search.candidate_infras()
+    listed: dict[str, list[str]] = {}
+    answers = cluster_search._ask_all(_lister(listed), infras, "", cluster_search.SEARCH_TIMEOUT_S)
+    problems += [(infra, why) for infra, why in answers.items() if isinstance(why, str)]
+    for infra, why in problems:
+        print(f"airflow-sky: note: status -r: {infra} could not be asked: {why}", file=sys.stderr)
+    wanted = set(cluster_names or ())
+    found: dict[str, list[str]] = {}
+    rows = []
+    for infra in infras:
+        for name in listed.get(infra, ()):
+            if wanted and name not in wanted:
+                continue
+            cloud = get_cloud(infra)
+            rows.append(status_row(Cluster(name, infra, cloud), cloud.nodes(name)))
+            found.setdefault(name, []).append(infra)
+    for name, where in found.items():
+        hint = cluster_index.infra_hint(name)
+        if len(where) == 1 and not (hint and (hint == where[0] or hint.startswith(where[0] + "/"))):
+            cluster_index.remember(name, where[0])  # (a region the index names is kept: `aws/us-east-1`)
+    for name, infra in cluster_index.read_index().items():
+        if name not in found and infra in listed:  # its infra answered, without it: gone
+            forget(name)
+    rows += [not_found_row(name) for name in cluster_names or () if name not in found]
+    return rows
+
+
+def _lister(listed: dict[str, list[str]]) -> Callable[[str, str], bool]:
+    """A probe for cluster_search._ask_all that lists an infra's clusters into `listed` (False: the infra
+    is not set up here, and is left out quietly)."""
+
+    def probe(infra: str, _: str) -> bool:
+        from airflow_sky.errors import SpecError
+        from airflow_sky.infra.registry import default_conn_id, get_cloud
+
+        try:
+            conn_id = default_conn_id(infra)
+            if conn_id is not None:
+                cluster_search._require_connection(conn_id)
+            cloud = get_cloud(infra)
+        except (cluster_search.NotConfigured, SpecError):
+            return False
+        listed[infra] = list(cloud.clusters())
+        return True
+
+    return probe
