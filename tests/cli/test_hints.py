@@ -24,7 +24,7 @@ def test_the_suggested_launch_keeps_every_task_flag_quoted_and_no_secret_value()
     assert command.startswith("airflow-sky launch -c hi 'my task.yaml' ")
     # Parsed back, it is a launch of the same file with the same overrides (the secret passed bare).
     again = build_parser().parse_args(shlex.split(command)[1:])
-    assert (again.command, again.cluster, again.file) == ("launch", "hi", "my task.yaml")
+    assert (again.command, again.cluster, again.entrypoint) == ("launch", "hi", ["my task.yaml"])
     overrides = ("infra", "num_nodes", "gpus", "cpus", "use_spot", "region", "git_ref", "env", "env_file")
     assert {k: getattr(again, k) for k in overrides} == {k: getattr(args, k) for k in overrides}
     assert again.secret == ["TOKEN"]

@@ -37,6 +37,33 @@ def add_task_overrides(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser)
 
 
+def add_entrypoint(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """`ENTRYPOINT...` and the flags that only `launch`/`exec` take over it, with sky's meaning
+    (airflow_sky.task.entrypoint reads them)."""
+    parser.add_argument(
+        "entrypoint",
+        nargs="+" if required else "*",
+        metavar="ENTRYPOINT",
+        help="a task YAML, or a shell command run as the task (`'python train.py'`: quote it, or put it "
+        "last)" + ("" if required else "; none: provision (or reuse) the cluster only, run nothing"),
+    )
+    parser.add_argument("-n", "--name", help="the task's name (the job's in `queue`); overrides the YAML")
+    parser.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="a local directory synced to ~/sky_workdir on every node, where the task runs; overrides "
+        "the YAML",
+    )
+    parser.add_argument(
+        "--ports",
+        action="append",
+        default=[],
+        metavar="PORT",
+        help="a port (8080) or range (10000-10010) to open on the cluster, repeatable (`none`: no "
+        "ports); replaces the YAML's resources.ports",
+    )
+
+
 def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--env",

@@ -46,15 +46,27 @@ def secret_values(args: argparse.Namespace) -> dict[str, str]:
 
 def load_task(args: argparse.Namespace, *, allow_unset: bool = False) -> Task:
     """The task of `args.file` with --env/--env-file/--secret/--secret-file applied; SpecWarnings print as
-    one line each."""
+    one line each. Without a file (`launch`/`exec` given a command, or nothing): the task of
+    `args.run_command` (None: a task that runs nothing), built by the task layer as sky builds it."""
     overrides = env_values("--env", args.env)
     secrets = secret_values(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SpecWarning)
         # Secrets fill the YAML's `secrets: {KEY: null}` too; they are made secrets below whatever the YAML says.
-        task = Task.from_yaml(
-            args.file, env_overrides={**overrides, **secrets}, env_file=args.env_file, allow_unset=allow_unset
-        )
+        values = {**overrides, **secrets}
+        if args.file is None:
+            from airflow_sky.task.entrypoint import command_task
+
+            task = command_task(
+                getattr(args, "run_command", None),
+                env_overrides=values,
+                env_file=args.env_file,
+                allow_unset=allow_unset,
+            )
+        else:
+            task = Task.from_yaml(
+                args.file, env_overrides=values, env_file=args.env_file, allow_unset=allow_unset
+            )
     if secrets:
         for key in secrets:
             task.envs.pop(key, None)

@@ -22,14 +22,18 @@ _VALUE_FLAGS = (
     ("env_file", "--env-file"),
     ("secret_file", "--secret-file"),
     ("pool_file", "--pool-file"),
+    ("name", "--name"),
+    ("workdir", "--workdir"),
 )
 
 
 def launch_command(cluster: str, args: argparse.Namespace) -> str:
-    """`airflow-sky launch -c CLUSTER FILE ...` with every task override of `args` (an `exec`'s) kept,
+    """`airflow-sky launch -c CLUSTER ENTRYPOINT ...` with every task override of `args` (an `exec`'s) kept,
     each value shell-quoted. A secret given with its value is passed bare (`--secret KEY`: taken from the
     shell's environment), so that no secret value is ever printed."""
-    argv = ["airflow-sky", "launch", "-c", cluster, args.file]
+    # The task YAML, or the command (`exec C 'cmd'`) as one word; with neither, the launch only provisions.
+    what = getattr(args, "file", None) or " ".join(getattr(args, "entrypoint", None) or ())
+    argv = ["airflow-sky", "launch", "-c", cluster, *([what] if what else [])]
     for dest, flag in _VALUE_FLAGS:
         value = getattr(args, dest, None)
         if value is not None:
@@ -37,6 +41,8 @@ def launch_command(cluster: str, args: argparse.Namespace) -> str:
     use_spot = getattr(args, "use_spot", None)
     if use_spot is not None:
         argv.append("--use-spot" if use_spot else "--no-use-spot")
+    for port in getattr(args, "ports", None) or ():
+        argv += ["--ports", port]
     for env in getattr(args, "env", None) or ():
         argv += ["--env", env]
     for secret in getattr(args, "secret", None) or ():

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from rich.console import Console
 
-from airflow_sky.client.cli.arguments import add_task_overrides
+from airflow_sky.client.cli.arguments import add_entrypoint, add_task_overrides
 from airflow_sky.errors import SpecError
 
 # Loaded by the handlers that run a task: `status`, `down` and the others answer without the task layer.
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 def register(subparsers: Any) -> None:
     launch = subparsers.add_parser(
         "launch",
-        help="launch a cluster (or reuse it) and run a task on it, as an Airflow DAG run in this process",
+        help="launch a cluster (or reuse it) and run a task (a YAML or a command) on it, as an Airflow DAG "
+        "run in this process",
     )
-    launch.add_argument("file", metavar="FILE.yaml", help="the task YAML")
+    add_entrypoint(launch, required=False)
     launch.add_argument("-c", "--cluster", help="cluster name (default: sky-<random>-<user>)")
     add_task_overrides(launch)
     down = launch.add_mutually_exclusive_group()
@@ -63,21 +64,26 @@ def register(subparsers: Any) -> None:
     launch.set_defaults(handler=_launch)
 
     exec_ = subparsers.add_parser(
-        "exec", help="sync the workdir to a running cluster and run the task (no setup)"
+        "exec", help="sync the workdir to a running cluster and run the task, a YAML or a command (no setup)"
     )
     exec_.add_argument("cluster", help="an existing cluster")
-    exec_.add_argument("file", metavar="FILE.yaml", help="the task YAML")
+    add_entrypoint(exec_, required=True)
     add_task_overrides(exec_)
     exec_.add_argument("-d", "--detach-run", action="store_true", help="return as soon as the job started")
     exec_.set_defaults(handler=_exec)
 
 
 def task_with_overrides(args: argparse.Namespace, *, worker_is_here: bool = True) -> Task:
-    """The task of `args.file` with every override flag applied. `worker_is_here`: this process runs the
-    job's Airflow tasks (launch, exec), so a git SSH key path of this machine's environment applies."""
+    """The task of `args.file` (or of `launch`/`exec`'s command) with every override flag applied.
+    `worker_is_here`: this process runs the job's Airflow tasks (launch, exec), so a git SSH key path of
+    this machine's environment applies."""
     from airflow_sky.client.cli.common import git_credentials_from_environment, load_task
 
     task = load_task(args)
+    if getattr(args, "entrypoint", None) is not None:  # launch, exec: -n, --workdir, --ports
+        from airflow_sky.client.cli.launch_entry import apply_entrypoint_flags
+
+        apply_entrypoint_flags(args, task)
     task.update_workdir(git_url=args.git_url, git_ref=args.git_ref)
     git_credentials_from_environment(task, os.environ, key_path=worker_is_here)
     if args.num_nodes is not None:
@@ -115,11 +121,12 @@ def _run(
     outcomes: list[Any] | None = None,
     *,
     launch_command: str | None = None,
+    provision_only: bool = False,
 ) -> int:
     """Run the launch in this process, printing progress; Ctrl-C detaches (the job keeps running).
 
     `outcomes` receives the launch's JobOutcome (a pipeline's next job reads its result); `launch_command`:
-    the launch an exec's error suggests.
+    the launch an exec's error suggests; `provision_only`: `launch -c C` with no YAML or command.
     """
     from airflow_sky.client import sdk
     from airflow_sky.client.cli import PipeSafeOutput
@@ -194,6 +201,11 @@ def _run(
             f"{outcome.cluster_name} {outcome.job_id}; status: airflow-sky logs --status {outcome.cluster_name} {outcome.job_id}"
         )
         return 0 if outcome.state in ("success", "queued") else 1
+    if provision_only and outcome.succeeded:
+        from airflow_sky.client.cli.launch_entry import print_provisioned
+
+        print_provisioned(console, outcome, options.infra)
+        return 0
     print_summary(console, outcome, started_at, _queue_status(outcome, options))
     if not options.down and outcome.job_id is not None:
         autostop = task.resources.autostop
@@ -271,17 +283,24 @@ def _stop_helpers() -> None:
 def _launch(args: argparse.Namespace) -> int:
     from airflow_sky.client.cli.check import print_infra_effects
     from airflow_sky.client.cli.common import check_buckets, check_git_workdir
+    from airflow_sky.client.cli.launch_entry import check_provision_only, resolve_entrypoint
     from airflow_sky.client.cluster_names import generated_cluster_name
     from airflow_sky.client.engine import LaunchOptions
     from airflow_sky.task.pipeline import is_pipeline_file
 
-    if is_pipeline_file(args.file):
+    entry = resolve_entrypoint(args)
+    if args.file is not None and is_pipeline_file(args.file):
+        from airflow_sky.client.cli.launch_entry import warn_ignored_for_pipeline
         from airflow_sky.client.cli.pipeline_launch import launch_pipeline
 
+        warn_ignored_for_pipeline(args)
         return launch_pipeline(args, _run)
+    provision_only = entry.yaml_path is None and entry.command is None
+    if provision_only:
+        check_provision_only(args)
     task = task_with_overrides(args)
     infra = _infra(args, task)
-    print_infra_effects(task, infra, args.file)
+    print_infra_effects(task, infra, entry.label)
     if args.dryrun:
         from airflow_sky.client.cli.dryrun import print_plan
 
@@ -290,10 +309,11 @@ def _launch(args: argparse.Namespace) -> int:
     check_git_workdir(task)
     check_buckets(task, infra)
     cluster = args.cluster or generated_cluster_name()
+    if entry.command is not None:
+        print(f"Command to run: {entry.command}")  # as sky says what it took the words for
     if not args.yes and sys.stdin.isatty():
-        answer = input(
-            f"Launching {task.name or 'a task'} on cluster {cluster} ({infra}, {task.num_nodes} nodes). Proceed? [Y/n] "
-        )
+        what = "Provisioning" if provision_only else f"Launching {task.name or 'a task'} on"
+        answer = input(f"{what} cluster {cluster} ({infra}, {task.num_nodes} nodes). Proceed? [Y/n] ")
         if answer.strip().lower() not in ("", "y", "yes"):
             print("Aborted.")
             return 1
@@ -316,20 +336,24 @@ def _launch(args: argparse.Namespace) -> int:
             infra=infra,
             down=down,
             setup=not args.no_setup,
-            follow=not args.detach_run,
+            follow=provision_only or not args.detach_run,  # nothing to detach from without a job
             retry_until_up=args.retry_until_up,
         ),
-        args.file,
+        entry.label,
+        provision_only=provision_only,
     )
 
 
 def _exec(args: argparse.Namespace) -> int:
     from airflow_sky.client.cli.common import check_buckets
     from airflow_sky.client.cli.hints import launch_command
+    from airflow_sky.client.cli.launch_entry import ignore_ports_on_exec, resolve_entrypoint
     from airflow_sky.client.engine import LaunchOptions
     from airflow_sky.client.sdk import infra_of
 
+    entry = resolve_entrypoint(args)
     suggested = launch_command(args.cluster, args)  # before the overrides are applied to `args`
+    ignore_ports_on_exec(args)
     task = task_with_overrides(args)
 
     infra = args.infra or infra_of(args.cluster, task.resources.infra)
@@ -344,6 +368,6 @@ def _exec(args: argparse.Namespace) -> int:
             must_exist=True,
             follow=not args.detach_run,
         ),
-        args.file,
+        entry.label,
         launch_command=suggested,
     )
