@@ -4,7 +4,8 @@
 each task instance start, succeed or fail in this process. `NodeLogs` streams the setup and run log of every
 rank straight from the nodes, as `sky launch` shows them: a sequential runner follows one rank at a time,
 and the user must still see every node live (and `queue`/`progress` every rank's reports: NodeLogs records
-them). Both hand Events to one sink.
+them, and tells the job's progress as `progress` events; the report lines never reach the sink). Both hand
+Events to one sink.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from airflow_sky.client.events import Event, Listener
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.job import KILLED_EXIT_CODE, PHASES, JobHandle, Phase
+from airflow_sky.gang.job_progress import summarize
 from airflow_sky.gang.progress_store import ProgressCollector, ProgressRecords
 from airflow_sky.gang.state import JobState
 from airflow_sky.infra.cluster import Cluster
@@ -164,7 +166,14 @@ class _RankLog:
             generation = state.generation if self.phase == "run" else state.setup_generation(self.rank)
             if self.tail is not None and generation <= self.tail.generation:
                 return False
-            if not self.job.started(client, self.phase, generation):
+            try:
+                started = self.job.started(client, self.phase, generation)
+            except RemoteError:
+                # A lost node: ask again on the next pass (its replacement's setup must be shown), not
+                # only at the next check (never, for an ended setup log).
+                self.next_check = 0.0
+                raise
+            if not started:
                 return False  # not started on its node yet
             self.new_generation = self.tail is not None
             self.flush_progress()  # the older generation's last reports
@@ -229,6 +238,7 @@ class NodeLogs:
         self._nodes = {n.rank: n for n in handle.nodes}
         self._clients: dict[int, NodeClient] = {}
         self._down_until: dict[int, float] = {}
+        self._told: tuple[tuple[int, int], ...] = ()  # the records the last `progress` event was made of
         self._stop = threading.Event()
         self._polling = threading.Lock()  # one reader of the logs at a time: the thread, or a drain
         self._thread = threading.Thread(target=self._run, name="airflow-sky-node-logs", daemon=True)
@@ -284,6 +294,8 @@ class NodeLogs:
             if log.tail is not None:
                 log.tail.flush()
             log.flush_progress()
+        with contextlib.suppress(Exception):
+            self._tell_progress(self._job.state())
 
     def _pass(self, final: bool = False, reconnect: bool = True) -> bool:
         with self._polling:
@@ -311,7 +323,24 @@ class NodeLogs:
                 for other in self._logs:
                     if other.phase == "setup":
                         other.next_check = 0.0
+        self._tell_progress(state)
         return busy
+
+    def _tell_progress(self, state: JobState | None) -> None:
+        """A `progress` event (the job's progress document, no histories) when a rank's record changed:
+        the view shows one compact line instead of the report lines (which LogTail keeps from the sink)."""
+        latest = {
+            log.rank: log.progress.latest
+            for log in self._logs
+            if log.phase == "run" and log.progress is not None and log.progress.latest is not None
+        }
+        told = tuple((rank, id(record)) for rank, record in latest.items())
+        if not latest or told == self._told:
+            return
+        self._told = told
+        ranks = {rank: record for rank, record in latest.items() if record is not None}
+        doc = summarize(ranks, state, time.time(), with_history=False)
+        self._sink(Event("progress", "run_follow", None, data=doc))
 
     def _announce_relaunch(self, state: JobState | None) -> None:
         """Each recovery or restart, told once per generation: from the claim while it is being done, or

@@ -33,11 +33,13 @@ def tail_logs(
     output: TextIO | None = None,
     tail: int = 0,
     on_end: Callable[[dict[str, Any]], None] | None = None,
+    raw: bool = False,
 ) -> int:
     """Print a job's node-prefixed logs (following until it ends); returns 0 if it SUCCEEDED, else 1.
 
     `tail` > 0: each node's run log from its last `tail` lines, as `sky logs --tail N`. `on_end` gets the
-    job's record (its status) once the logs ended.
+    job's record (its status) once the logs ended. `raw`: the logs as written, `@@airflow-sky-progress/1`
+    report lines included (left out by default).
     """
     out = output or sys.stdout
     lock = threading.Lock()
@@ -47,7 +49,7 @@ def tail_logs(
             print(line, file=out, flush=True)
 
     with _jobs(cluster_name) as cluster_jobs:
-        record = cluster_jobs.tail(job_id, emit, follow=follow, tail_lines=tail)
+        record = cluster_jobs.tail(job_id, emit, follow=follow, tail_lines=tail, raw=raw)
     if on_end is not None:
         on_end(record)
     return 0 if record.get("status") == JobStatus.SUCCEEDED else 1

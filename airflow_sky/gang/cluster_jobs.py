@@ -18,10 +18,11 @@ from typing import Any
 from airflow_sky.errors import ClusterError, RemoteError
 from airflow_sky.gang import job_queue
 from airflow_sky.gang import state as js
+from airflow_sky.gang.detached import collect_unfollowed
 from airflow_sky.gang.follow import read_to_end
 from airflow_sky.gang.gang_job import GangJob, phase_ranks
 from airflow_sky.gang.job import PHASES, JobHandle, JobStatus, Phase, remote_job_id
-from airflow_sky.gang.log_files import copy_log, last_lines_offset
+from airflow_sky.gang.log_files import LogCopy, copy_logs, last_lines_offset
 from airflow_sky.gang.phases import job_states
 from airflow_sky.gang.queue_progress import queue_progress
 from airflow_sky.infra.base import Node
@@ -96,6 +97,7 @@ class ClusterJobs:
     def progress(self, job_id: int | None = None, with_history: bool = True) -> dict[str, Any]:
         """The progress document of a job (the latest when `job_id` is None), read now."""
         state = self.state(job_id)
+        collect_unfollowed(self.job(state.job_id), state)  # a run nobody follows (`exec -d`): read it now
         doc = self.job(state.job_id).progress(with_history=with_history)
         if doc is None:  # removed between the two reads (a cluster going down)
             raise ClusterError(f"cluster {self.cluster.name!r} has no job {state.job_id}")
@@ -162,10 +164,12 @@ class ClusterJobs:
         emit: Callable[[int, str], None],
         follow: bool = True,
         tail_lines: int = 0,
+        raw: bool = False,
     ) -> dict[str, Any]:
         """Print the job's setup then run logs, node-prefixed; with `follow`, until the job ends.
 
         `tail_lines` > 0: each node's log from its last `tail_lines` lines (the run only, as `sky logs --tail`).
+        Progress report lines are left out unless `raw` (the log as written).
         """
         state = self.state(job_id)
         for phase in PHASES if tail_lines <= 0 else ("run",):
@@ -176,7 +180,7 @@ class ClusterJobs:
             threads = [
                 threading.Thread(
                     target=self._tail_node,
-                    args=(state, phase, rank, emit if follow else _keep(kept[rank]), follow, tail_lines),
+                    args=(state, phase, rank, emit if follow else _keep(kept[rank]), follow, tail_lines, raw),
                     daemon=True,
                 )
                 for rank in ranks
@@ -208,6 +212,7 @@ class ClusterJobs:
         emit: Callable[[int, str], None],
         follow: bool,
         tail_lines: int = 0,
+        raw: bool = False,
     ) -> None:
         job = self.job(state.job_id)
         node = next((n for n in state.job_nodes if n.rank == rank), None) or next(
@@ -229,7 +234,7 @@ class ClusterJobs:
                 time.sleep(1.0)
             offset = last_lines_offset(client, job.remote_id(phase), generation, tail_lines)
             tail = job.log_tail(
-                client, phase, generation, lambda line: emit(rank, line), offset=offset, keep=0
+                client, phase, generation, lambda line: emit(rank, line), offset=offset, keep=0, raw=raw
             )
             read_to_end(tail, until_caught_up=not follow)
         except RemoteError as e:
@@ -244,26 +249,27 @@ class ClusterJobs:
 
         Run logs are named as SkyPilot names them on a multi-node cluster, `<rank>-head.log` and
         `<rank>-worker<N>.log`; setup logs `setup-head.log`, `setup-worker<N>.log`. Returns the job id, the
-        folder and the files written.
+        folder and the files written. All or nothing: a node that does not answer (a recovered job's node
+        gone since) fails at once, naming it, and leaves no file behind (gang.log_files.copy_logs).
         """
         state = self.state(job_id)
         name = str(state.info.get("name") or "job")
-        target = folder / f"{state.job_id}-{name}"
-        target.mkdir(parents=True, exist_ok=True)
         nodes = {n.rank: n for n in state.job_nodes}
-        written: list[Path] = []
+        wanted: list[LogCopy] = []
         for phase in PHASES:
             for rank in phase_ranks(state, phase):
                 role = "head" if rank == 0 else f"worker{rank}"
                 generation = state.generation if phase == "run" else state.setup_generation(rank)
-                path = target / (f"setup-{role}.log" if phase == "setup" else f"{rank}-{role}.log")
-                client = self.cluster.client(nodes.get(rank) or next(n for n in self.nodes if n.rank == rank))
-                try:
-                    if copy_log(client, remote_job_id(state.job_id, phase), generation, path):
-                        written.append(path)
-                finally:
-                    client.close()
-        return state.job_id, target, written
+                wanted.append(
+                    LogCopy(
+                        nodes.get(rank) or next(n for n in self.nodes if n.rank == rank),
+                        remote_job_id(state.job_id, phase),
+                        generation,
+                        f"setup-{role}.log" if phase == "setup" else f"{rank}-{role}.log",
+                    )
+                )
+        target = folder / f"{state.job_id}-{name}"
+        return state.job_id, target, copy_logs(self.cluster, wanted, target)
 
     def _status(self, state: js.JobState) -> JobStatus:
         current = self.states.get(state.job_id)

@@ -12,7 +12,9 @@ blocking follow task, the deferred trigger and the detached driver run this same
 
 In the run phase the follower also collects the rank's progress reports from the lines it reads anyway
 (gang.progress_store: no extra connection or read), and the watch holder hands the job's progress document
-to `on_progress` (Airflow's gauges, when metrics are on) at most every PROGRESS_SINK_S.
+to `on_progress` (Airflow's gauges, when metrics are on) at most every PROGRESS_SINK_S. The report lines
+themselves never reach the task log: it gets the rank's compact progress line (gang.progress_line) instead,
+at most every PROGRESS_LOG_S and once more when the rank's log ends.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from airflow_sky.errors import JobFailed, RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import KILLED_EXIT_CODE, JobStatus, Phase, remote_job_id
+from airflow_sky.gang.progress_line import LineThrottle, compact_line, rank_doc
 from airflow_sky.gang.progress_store import ProgressCollector, ProgressRecords
 from airflow_sky.gang.watcher import PhaseWatch
 from airflow_sky.node.client import NodeClient
@@ -37,6 +40,7 @@ STATE_INTERVAL_S = 1.0  # how often a follower reads the job state (and, holding
 # in the UI before it got going, so its on_kill had nothing to cancel): such a job is cancelled.
 SIBLING_CHECK_S = 10.0
 PROGRESS_SINK_S = 5.0  # how often the watch holder hands the job's progress to `on_progress`
+PROGRESS_LOG_S = 30.0  # how often a follower logs its rank's compact progress line (while it changes)
 ProgressSink = Callable[[dict[str, Any]], None]
 
 
@@ -112,6 +116,9 @@ class RankFollower:
             self.progress = ProgressCollector(records, self.job_id, rank, self.generation)
         self._on_progress = on_progress
         self._next_sink = 0.0
+        self._emit = emit
+        self._progress_log = LineThrottle(PROGRESS_LOG_S)
+        self._logged: object = None  # the record the last progress line was made of
         self.tail = phase_tail(
             self.own,
             self.job_id,
@@ -160,6 +167,18 @@ class RankFollower:
         """Write what this rank reported now (its log ended, or the follower stops): never raises."""
         if self.progress is not None:
             self.progress.flush(force=True)
+            self._log_progress(final=True)
+
+    def _log_progress(self, final: bool = False) -> None:
+        """The rank's compact progress line to the task log, when due (see LineThrottle)."""
+        latest = self.progress.latest if self.progress is not None else None
+        line = None
+        if latest is not None and latest is not self._logged:
+            self._logged = latest
+            line = compact_line(rank_doc(latest))
+        due = self._progress_log.offer(line, final=final)
+        if due is not None:
+            self._emit(f"{self.tail.prefix} progress: {due}")
 
     def release_watch(self) -> None:
         """Give the lease up at once (this follower is done): another follower need not wait for it to lapse."""
@@ -193,6 +212,7 @@ class RankFollower:
                 self.behind = False
             if self.progress is not None:
                 self.progress.flush(force=self.tail.ended)  # returns at once when no write is due
+                self._log_progress(final=self.tail.ended)
         now = time.monotonic()
         if now < self._next_state_read and ended_before == self.tail.ended:
             return None

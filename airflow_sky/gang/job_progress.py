@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_sky.gang.state_record import JobState
-from airflow_sky.progress import Report
+from airflow_sky.progress import MAX_METRICS, Report
 
 PROGRESS_VERSION = 1
 HISTORY_POINTS = 120  # a rank's history keeps about this many points: the newest half whole, older thinned
@@ -124,8 +124,14 @@ def with_report(
     if followed is not None and process is not None and process > followed:
         return None  # a second process on this node: its steps are the same steps
     when = report.time if report.time is not None else read_at
-    metrics = {name: _rounded(value) for name, value in report.metrics.items()}
-    kept = dict(list(metrics.items())[:HISTORY_METRICS])
+    reported = {name: _rounded(value) for name, value in report.metrics.items()}
+    kept = dict(list(reported.items())[:HISTORY_METRICS])  # a point holds what was reported at its step
+    # The latest value of every metric stays until a newer one comes (a loss reported every 25 steps, the
+    # step every step), across generations too; at most MAX_METRICS names, the first reported kept.
+    metrics = dict(current.metrics) if current is not None else {}
+    for name, value in reported.items():
+        if name in metrics or len(metrics) < MAX_METRICS:
+            metrics[name] = value
     point = Point(round(when, 3), report.step, generation, kept)  # a Unix time: to the millisecond
     history = current.history if current is not None else ()
     if history and history[-1].generation == generation and history[-1].step == report.step:

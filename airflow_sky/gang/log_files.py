@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
+from airflow_sky.errors import ClusterError, RemoteError
+from airflow_sky.infra.base import Node
+from airflow_sky.infra.cluster import Cluster
 from airflow_sky.node import jobs
 from airflow_sky.node.client import NodeClient
 
@@ -40,3 +47,48 @@ def copy_log(client: NodeClient, job: str, generation: int, path: Path) -> bool:
                 return True
     path.unlink()
     return False
+
+
+@dataclasses.dataclass(frozen=True)
+class LogCopy:
+    """One log to download: job `job` (one phase's remote id) of `generation` on `node`, into `name`."""
+
+    node: Node
+    job: str
+    generation: int
+    name: str
+
+
+def copy_logs(cluster: Cluster, wanted: list[LogCopy], target: Path) -> list[Path]:
+    """Every wanted log into the folder `target`; the files written (a log never started there has none).
+
+    All or nothing: the logs go to a hidden folder beside `target` first, and only once every node
+    answered do they move into it. A node that does not answer fails at once (one connection attempt, no
+    retries) with a ClusterError naming it; nothing is left behind.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        staged: list[Path] = []
+        for copy in wanted:
+            path = staging / copy.name
+            client = cluster.client(copy.node, conn_retry_attempts=1)
+            try:
+                if copy_log(client, copy.job, copy.generation, path):
+                    staged.append(path)
+            except RemoteError as error:
+                who = f"rank {copy.node.rank} ({copy.node.internal_ip})"
+                raise ClusterError(
+                    f"logs --sync-down: the node of {who} does not answer ({error}); its log cannot be "
+                    "downloaded, so nothing was written (its node is gone? see `airflow-sky status`)"
+                ) from None
+            finally:
+                client.close()
+        target.mkdir(exist_ok=True)
+        written = []
+        for path in staged:
+            os.replace(path, target / path.name)
+            written.append(target / path.name)
+        return written
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -14,6 +14,8 @@ class LogTail:
     """The log of job `job_id` (one generation) on `client`'s node, fed to `emit` line by line.
 
     Lines carry the node's prefix (`(worker1, rank=1, pid=..., ip=...)`; the pid once the node reports it).
+    A line that carries a progress report (`@@airflow-sky-progress/1 {...}`, airflow_sky.progress) goes to
+    `on_report` only, never to `emit` (no screen or task log shows the protocol), unless `raw`.
     `poll()` reads what is new and returns the job's state; it raises RemoteError when the node does not
     answer. The last line is flushed when the job has ended and its log is read to the end.
     """
@@ -29,6 +31,7 @@ class LogTail:
         keep: int = 20,
         wait_for_start: bool = False,
         on_report: Callable[[Report], None] | None = None,
+        raw: bool = False,
     ) -> None:
         self.client = client
         self.job_id = job_id
@@ -40,6 +43,7 @@ class LogTail:
         self._setup = setup
         self._emit = emit
         self._on_report = on_report
+        self._raw = raw
         self._prefix = self._prefix_for(None)
         self._pid: int | None = None
         self._lines = LineSplitter(self._line, keep=keep)
@@ -49,11 +53,11 @@ class LogTail:
         return node_prefix(node.rank, pid, node.internal_ip, self._setup)
 
     def _line(self, line: str) -> None:
-        self._emit(f"{self._prefix} {line}")
-        if self._on_report is not None and MARKER in line:  # a substring test: most lines cost no parse
-            report = parse_line(line)
-            if report is not None:
-                self._on_report(report)
+        report = parse_line(line) if MARKER in line else None  # a substring test: most lines cost no parse
+        if report is None or self._raw:
+            self._emit(f"{self._prefix} {line}")
+        if report is not None and self._on_report is not None:
+            self._on_report(report)
 
     def poll(self) -> jobs.JobPoll:
         poll = jobs.read_job(
@@ -74,6 +78,11 @@ class LogTail:
     def flush(self) -> None:
         """Emit an unfinished last line now (a reader that stops before the job ends)."""
         self._lines.flush()
+
+    @property
+    def prefix(self) -> str:
+        """The node's prefix of this log's lines: `(worker1, rank=1, pid=..., ip=...)`."""
+        return self._prefix
 
     @property
     def line_offset(self) -> int:

@@ -40,7 +40,8 @@ def drop_redraws(raw: bytes) -> tuple[bytes, bytes | None]:
 
 
 class LineSplitter:
-    """Turns arbitrary byte chunks into whole decoded lines; keeps the last `keep` lines for error messages.
+    """Turns arbitrary byte chunks into whole decoded lines; keeps the last `keep` lines for error messages
+    (progress report lines left out).
 
     Memory stays bounded whatever the log holds: a line over MAX_LINE_BYTES keeps only its latest `\r`
     redraw (and, as a line of its own, the newest progress report the dropped redraws held), and a line
@@ -81,7 +82,8 @@ class LineSplitter:
             raw = self._latest_redraw(whole) if len(whole) > MAX_LINE_BYTES else whole
             for start in range(0, max(len(raw), 1), MAX_LINE_BYTES):
                 line = raw[start : start + MAX_LINE_BYTES].decode("utf-8", errors="replace").rstrip("\r")
-                self.tail.append(line)
+                if _REPORT not in raw:  # an error message quotes the job's output, not its progress reports
+                    self.tail.append(line)
                 self._emit(line)
 
     def _latest_redraw(self, raw: bytes) -> bytes:

@@ -1,7 +1,9 @@
 """A job's progress through the real CLI and SDK on a real 2-node local cluster: a job whose ranks echo
 `@@airflow-sky-progress/1` lines shows its step (its slowest rank's), percent and ETA in `queue` while it runs
 and after it ended, `progress` prints every rank's step, rate and loss, the SDK returns the progress
-document; a job that reports nothing shows `-`."""
+document; a job that reports nothing shows `-`. No output shows a report line (exec, logs): one compact `progress:` line instead; `logs --raw` shows the log as written. A metric reported
+every 25 steps stays in `progress` between reports, also for an `exec -d` job, whose progress is collected
+when it is read. `logs -s` of a job whose node is gone fails at once and leaves no folder."""
 
 from __future__ import annotations
 
@@ -118,7 +120,9 @@ def test_a_reporting_job_shows_its_slowest_ranks_step_and_eta_while_it_runs_and_
         release.touch()
     assert execute.finish() == 0, execute.output
     assert watcher.finish() == 0, watcher.output
-    assert f"Job {job} on {cluster}: SUCCEEDED" in watcher.output, watcher.output
+    # The exec showed no report line, but the job's compact progress line (its last one at the run's end).
+    assert "@@airflow-sky-progress" not in execute.output, execute.output
+    assert "progress: step 9/10 90%" in execute.output and "loss=0.25" in execute.output, execute.output
     # Ended: every rank's last report is in; the job's step is the slowest rank's, and it has no ETA.
     rows = queue_rows(env, cluster)
     assert rows[job]["STATUS"] == "SUCCEEDED" and rows[job]["PROGRESS"] == "9/10 90%", rows
@@ -163,3 +167,87 @@ def test_progress_of_an_unknown_job_or_cluster_is_one_error_line(env, cluster):
         result = cli(env, *argv)
         assert result.returncode != 0 and message in result.stderr, (argv, result.stdout + result.stderr)
         assert "Traceback" not in result.stderr, argv
+
+
+def test_logs_show_the_compact_line_instead_of_report_lines_and_raw_shows_the_log_as_written(env, cluster):
+    job = json.loads(cli(env, "progress", cluster, "--json").stdout)["job_id"]  # the reporting job
+    shown = cli(env, "logs", cluster, str(job), "--no-follow")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "@@airflow-sky-progress" not in shown.stdout, shown.stdout
+    assert [line for line in shown.stdout.splitlines() if line.startswith("progress: ")] == [
+        "progress: step 9/10 90% · 0.421/s · loss=0.25"
+    ], shown.stdout
+    followed = cli(env, "logs", cluster, str(job))
+    assert followed.returncode == 0 and "@@airflow-sky-progress" not in followed.stdout, followed.stdout
+    assert (
+        "progress: step 9/10 90%" in followed.stdout
+        and f"Job {job} on {cluster} SUCCEEDED" in followed.stdout
+    )
+    raw = cli(env, "logs", cluster, str(job), "--no-follow", "--raw")
+    assert raw.returncode == 0, raw.stdout + raw.stderr
+    reports = [line for line in raw.stdout.splitlines() if "@@airflow-sky-progress/1 {" in line]
+    assert len(reports) == 7 + 4 and "progress: " not in raw.stdout, raw.stdout  # rank 0: 7, rank 1: 4
+    assert reports[0].startswith("(head, rank=0") and '"step":1,' in reports[0], reports
+    wrong = cli(env, "logs", cluster, "--raw", "--status")
+    assert wrong.returncode != 0 and "--raw" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+# The step every step, the loss every 25 steps (as minGPT reports), then held until $RELEASE exists.
+EVERY_25 = """\
+name: every25
+run: |
+  T0=$(( $(date +%s) - 40 ))
+  for i in $(seq 1 30); do
+    if [ $i -eq 25 ]; then LOSS=',"metrics":{"loss":2.5}'; else LOSS=''; fi
+    echo "@@airflow-sky-progress/1 {\\"step\\":$i,\\"total\\":40,\\"time\\":$((T0 + i))$LOSS}"
+  done
+  while [ ! -f "$RELEASE" ]; do sleep 0.2; done
+  echo "@@airflow-sky-progress/1 {\\"step\\":31,\\"total\\":40}"
+"""
+
+
+def test_a_detached_jobs_progress_is_collected_and_a_loss_reported_every_25_steps_stays(
+    env, cluster, tmp_path
+):
+    release = tmp_path / "release"
+    (tmp_path / "every25.yaml").write_text(EVERY_25)
+    started = cli(env, "exec", cluster, str(tmp_path / "every25.yaml"), "-d", "--env", f"RELEASE={release}")
+    assert started.returncode == 0, started.stdout + started.stderr
+    job = started.stdout.split(" on cluster ", 1)[0].rsplit("Job ", 1)[1].split()[0]
+    try:
+
+        def thirty_steps() -> object:
+            doc = json.loads(cli(env, "progress", cluster, job, "--json").stdout)
+            return doc if doc["step"] == 30 else None
+
+        doc = wait_for(f"job {job}'s step 30 in `progress`", thirty_steps)
+        assert isinstance(doc, dict) and doc["status"] == "RUNNING", doc
+        assert doc["ranks"][0]["metrics"] == {"loss": 2.5} and doc["metrics"] == {"loss": 2.5}, doc
+        shown = cli({**env, "COLUMNS": "200"}, "progress", cluster, job)
+        assert rank_rows(shown.stdout)["0"][1:4] == ["30/40 75%", "1/s", "2.5"], shown.stdout
+    finally:
+        release.touch()
+
+    def ended() -> object:
+        rows = queue_rows(env, cluster)
+        return rows.get(job, {}).get("STATUS") == "SUCCEEDED"
+
+    wait_for(f"job {job} SUCCEEDED", ended)
+    doc = json.loads(cli(env, "progress", cluster, job, "--json").stdout)
+    assert (doc["step"], doc["ranks"][0]["metrics"]) == (31, {"loss": 2.5}), doc
+
+
+def test_logs_sync_down_of_a_job_whose_node_is_gone_fails_at_once_and_leaves_nothing(env, cluster, tmp_path):
+    """Last in the module: it preempts the cluster's worker (its jobs ran on both nodes)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    synced = cli({**env, "HOME": str(home)}, "logs", cluster, "1", "--sync-down")  # job 1 ran on both nodes
+    assert synced.returncode == 0 and (home / "sky_logs" / cluster / "1-silent" / "1-worker1.log").exists()
+    preempted = cli(env, "local", "preempt", cluster, "1")
+    assert preempted.returncode == 0, preempted.stdout + preempted.stderr
+    gone = cli({**env, "HOME": str(home)}, "logs", cluster, "1", "--sync-down")
+    assert gone.returncode != 0, gone.stdout + gone.stderr
+    assert "logs --sync-down: the node of rank 1 (" in gone.stderr and "nothing was written" in gone.stderr
+    assert "Traceback" not in gone.stderr
+    # The earlier download stays as it was; no half-written folder or staging folder is left beside it.
+    assert sorted(p.name for p in (home / "sky_logs" / cluster).iterdir()) == ["1-silent"]

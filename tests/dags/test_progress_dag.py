@@ -1,5 +1,6 @@
 """A job's progress through a real Airflow run (`airflow dags test`, real local nodes), its follow tasks
-blocking or deferred (the trigger, run inline by `dags test`, collects): each rank's record holds its steps,
+blocking or deferred (the trigger, run inline by `dags test`, collects): their logs show each rank's compact
+progress line, never a report line; each rank's record holds its steps,
 the final metrics are in XCom (collect's, the head follow task's, and `job_progress(group)` downstream), and
 with StatsD on the job's gauges reach a real UDP socket standing in for the StatsD server."""
 
@@ -80,6 +81,13 @@ def test_each_ranks_steps_are_recorded_the_final_metrics_are_in_xcom_and_statsd_
     try:
         result = run_dag(dag_id, _dag(dag_id, cluster, deferrable, probe), env=env)
         assert result.returncode == 0, result.digest
+        # The follow tasks' logs show the ranks' plain lines and each rank's compact progress line, never
+        # a report line.
+        assert "plain 4" in result.output and "@@airflow-sky-progress" not in result.output, result.digest
+        for rank, role in ((0, "head"), (1, "worker1")):
+            line = f"({role}, rank={rank}, "
+            shown = [x for x in result.output.splitlines() if line in x and ") progress: step 4/4 100%" in x]
+            assert shown and f"loss={40 + rank} · tokens/s=100" in shown[-1], result.digest
         job = GangJob(open_cluster(cluster, "local"), 1)
         doc = job.progress()
         assert doc is not None, result.digest

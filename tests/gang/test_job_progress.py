@@ -180,3 +180,21 @@ def test_final_metrics_keep_no_history() -> None:
     final = jp.final_metrics(doc)
     assert final["ranks"] == [{"rank": 0, "step": 2, "metrics": {"loss": pytest.approx(1 / 3, rel=1e-5)}}]
     assert "history" not in str(final)
+
+
+def test_a_metric_reported_every_25_steps_keeps_its_latest_value_between_reports() -> None:
+    """minGPT's pattern: the step every step, the loss every 25 steps; the record's metrics keep the loss
+    (and the summary shows it) until a newer one comes, while each history point keeps what it reported."""
+    progress = None
+    for step in range(1, 61):
+        metrics = {"loss": 3.0 - step / 25, "lr": 0.1} if step % 25 == 0 else {"tokens/s": float(step)}
+        progress = jp.with_report(progress, 0, 0, Report(step, 100, metrics, 0, 1000.0 + step), 0.0)
+    assert progress is not None
+    assert progress.metrics == {"loss": 1.0, "lr": 0.1, "tokens/s": 60.0}, progress.metrics
+    assert progress.history[-1].metrics == {"tokens/s": 60.0}
+    assert progress.history[49].metrics == {"loss": 1.0, "lr": 0.1}
+    summary = jp.summarize({0: progress}, _state(), 1100.0)
+    assert summary["metrics"]["loss"] == 1.0 and summary["ranks"][0]["metrics"]["loss"] == 1.0
+    # A newer value replaces it; a relaunched generation goes on with the latest values.
+    newer = jp.with_report(progress, 0, 1, Report(0, 100, {"loss": 0.5}, 0, 1200.0), 0.0)
+    assert newer is not None and newer.metrics == {"loss": 0.5, "lr": 0.1, "tokens/s": 60.0}

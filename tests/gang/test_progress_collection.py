@@ -41,7 +41,7 @@ def _steps(records: ProgressRecords, job_id: int, rank: int) -> list[int]:
     return [p.step for p in progress.history]
 
 
-def test_a_report_split_across_two_reads_is_parsed_once_and_plain_lines_are_never_parsed(
+def test_a_report_split_across_two_reads_is_parsed_once_shown_only_raw_and_plain_lines_are_never_parsed(
     local_cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed: list[str] = []
@@ -73,11 +73,21 @@ def test_a_report_split_across_two_reads_is_parsed_once_and_plain_lines_are_neve
         release.touch()
         while not tail.ended:
             tail.poll()
+        raw_lines: list[str] = []  # `logs --raw`: the log as written, the report line included
+        raw = log_tail.LogTail(client, "9-run", 0, False, raw_lines.append, raw=True)
+        while not raw.ended:
+            raw.poll()
     finally:
         client.close()
     assert reports == [Report(step=7, metrics={"loss": 0.5})]
-    assert len(parsed) == 1 and "plain" not in parsed[0]
-    assert lines[-1].endswith(") plain after") and len(lines) == 3
+    assert len(parsed) == 2 and "plain" not in parsed[0] and parsed[0] == parsed[1]
+    # The report line reaches on_report only, never the lines shown (a task log, the CLI).
+    assert [line.split(") ", 1)[1] for line in lines] == ["plain before", "plain after"]
+    assert [line.split(") ", 1)[1] for line in raw_lines] == [
+        "plain before",
+        '@@airflow-sky-progress/1 {"step":7,"metrics":{"loss":0.5}}',
+        "plain after",
+    ]
 
 
 def test_run_followers_keep_each_ranks_steps_and_a_follower_started_over_counts_none_twice(

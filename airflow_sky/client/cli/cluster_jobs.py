@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
         "--status", action="store_true", help="print the job's status only; exit 0 only if it SUCCEEDED"
     )
     logs.add_argument(
+        "--raw",
+        action="store_true",
+        help="print the node logs as written, @@airflow-sky-progress/1 lines included (by default they are "
+        "left out and the job's progress is one 'progress:' line)",
+    )
+    logs.add_argument(
         "--provision",
         action="store_true",
         help="print the cluster's provision log (what its latest provisioning did: the infra's lines, then "
@@ -133,6 +139,10 @@ def _logs(args: argparse.Namespace) -> int:
         raise SpecError("--sync-down and --status cannot be combined (ambiguous); give one of them")
     if args.worker is not None and not args.provision:
         raise SpecError("--worker can only be used with --provision (as in sky logs)")
+    if args.raw and (args.provision or args.sync_down or args.status):
+        raise SpecError(
+            "--raw: only for a job's node logs; it cannot be combined with --provision, --sync-down or --status"
+        )
     if args.provision:
         if args.job_id is not None or args.sync_down or args.status:
             raise SpecError("--provision cannot be combined with a job id, --sync-down or --status")
@@ -159,9 +169,17 @@ def _logs(args: argparse.Namespace) -> int:
         print(f"Job {job_id} logs ({len(files)} files): {folder}")
         return 0
     output = cast(TextIO, PipeSafeOutput(sys.stdout))
+    from airflow_sky.client.cli.live_progress import LogsProgress
+
+    progress = None if args.raw else LogsProgress(args.cluster, args.job_id, output)
+    if progress is not None and not args.no_follow:
+        progress.start()
 
     def ended(record: dict[str, Any]) -> None:
-        print(end_line(record, args.cluster), file=output, flush=True)
+        if progress is not None:
+            progress.finish()  # the job's last progress line, after its logs
+        if not args.no_follow:
+            print(end_line(record, args.cluster), file=output, flush=True)
 
     return sdk.tail_logs(
         args.cluster,
@@ -169,7 +187,8 @@ def _logs(args: argparse.Namespace) -> int:
         follow=not args.no_follow,
         output=output,
         tail=args.tail,
-        on_end=None if args.no_follow else ended,
+        on_end=ended,
+        raw=args.raw,
     )
 
 

@@ -13,6 +13,7 @@ from rich.status import Status
 from rich.text import Text
 
 from airflow_sky.client.cli.exit_summary import exit_code_lines
+from airflow_sky.client.cli.live_progress import ProgressLine
 from airflow_sky.client.cli.tables import Column, fitted_table
 from airflow_sky.client.engine import JobOutcome
 from airflow_sky.client.events import Event
@@ -55,16 +56,20 @@ class ProgressPrinter:
         self._seen_steps: set[str] = set()
         self._done: dict[str, int] = {}
         self._nodes = 0
+        self._progress = ProgressLine(console)  # the ranks' reports, as one line (no report line is shown)
         self._status: Status | None = console.status("") if console.is_terminal else None
         if self._status is not None:
             self._status.start()
 
     def close(self) -> None:
+        self._progress.end()
         if self._status is not None:
             self._status.stop()
             self._status = None
 
     def __call__(self, event: Event) -> None:
+        if event.kind == "task_started" and event.step in ("collect", "teardown"):
+            self._progress.end()  # the run is over: its last progress line before what follows it
         if event.kind == "job":
             nodes = event.data["nodes"]
             self._nodes = len(nodes)
@@ -85,6 +90,8 @@ class ProgressPrinter:
                 self.console.print(Text(f"⚙ {title}", style="bold blue"))
         elif event.kind == "task_done":
             self._done[event.step] = self._done.get(event.step, 0) + 1
+        elif event.kind == "progress":
+            self._progress.update(event.data)
         elif event.kind == "log":
             style = _RANK_STYLES[(event.rank or 0) % len(_RANK_STYLES)]
             prefix, _, rest = event.text.partition(") ")
@@ -109,6 +116,8 @@ class ProgressPrinter:
         title = self._titles.get(event.step, event.step)
         done = self._done.get(event.step, 0)
         suffix = f" ({done}/{self._nodes} nodes done)" if self._nodes and event.rank is not None else ""
+        if event.step == "run_follow" and self._progress.line:
+            suffix += f" · {self._progress.line}"
         self._status.update(Text(f"{title}{suffix}"))
 
 
