@@ -152,6 +152,8 @@ def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_comman
     cluster = cluster_of(options.cluster_name, options.infra)  # an unknown infra is refused here
     cluster.cloud.check_config()
     cluster.autostop_for(task.resources)  # an infra without autostop
+    if not options.must_exist:
+        cluster.cloud.check_resources(task.resources, task.num_nodes)  # e.g. GPUs this machine lacks
     if options.must_exist:
         from airflow_sky.client.cluster_search import known_cluster_names
 

@@ -139,6 +139,10 @@ class Cloud(abc.ABC):
     def check_config(self) -> None:  # noqa: B027 - optional hook: most infras have nothing to check
         """Refuse a bad local configuration (a pool file, a credential) before anything connects."""
 
+    def check_resources(self, resources: Resources | None, num_nodes: int) -> None:  # noqa: B027 - optional
+        """Refuse, before a launch starts, resources this infra can never give (ClusterError naming the
+        field); what depends on capacity at the time is the provision's to find out."""
+
     def clusters(self) -> Sequence[str]:
         """Names of the clusters this infra knows about."""
         return []

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     infra = str(args.infra or task.resources.infra or "local")
     print_infra_effects(task, infra, args.file)
     print_container_note(task, infra, args.file)
+    print_gpu_note(task, infra)
     needs = launch_needs(task, args.file)
     if needs is not None:
         print(f"airflow-sky: note: {needs}", file=sys.stderr)
@@ -79,6 +80,17 @@ def print_infra_effects(task: Task, infra: str, source: str) -> None:
     note = ports_note(source, task.resources, infra)
     if note is not None:
         print(f"airflow-sky: note: {note}", file=sys.stderr)
+
+
+def print_gpu_note(task: Task, infra: str) -> None:
+    """On stderr: a local launch this machine can never serve (GPUs it lacks), said before any launch."""
+    if infra.split("/", 1)[0] != "local":
+        return
+    from airflow_sky.infra.local.gpus import gpu_refusal
+
+    refusal = gpu_refusal(task.resources, task.num_nodes)
+    if refusal is not None:
+        print(f"airflow-sky: note: launching on {infra} would fail: {refusal}", file=sys.stderr)
 
 
 def container_runtimes(infra: str) -> str:

@@ -12,7 +12,6 @@ import getpass
 import ipaddress
 import os
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Collection, Iterator
@@ -21,12 +20,12 @@ from typing import Any
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
-from airflow_sky.infra.gpus import QUERY_COMMAND, Gpus, parse_nvidia_smi
 from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.containers import remove_containers
+from airflow_sky.infra.local.gpus import gpu_devices, gpu_refusal
 from airflow_sky.infra.local.state_store import LocalStateStore
 from airflow_sky.infra.state_store import StateStore
-from airflow_sky.task import gpus_per_node
+from airflow_sky.task import Resources, gpus_per_node
 
 # Loopback addresses handed to nodes: 127.0.0.2 upwards (127.0.0.1 stays the host's own).
 _FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
@@ -59,58 +58,6 @@ def _remove_home(node_dir: Path) -> None:
             shutil.rmtree(record[key], ignore_errors=True)
 
 
-def _gpus_in_use(freeing: Collection[str]) -> set[int]:
-    used: set[int] = set()
-    base = layout.root()
-    if not base.is_dir():
-        return used
-    for record_path in base.glob("*/instances/*/node.json"):
-        record = layout.read_json(record_path)
-        if (
-            record
-            and record.get("state") != layout.STATE_TERMINATED
-            and record.get("instance_id") not in freeing
-        ):
-            used.update(int(d) for d in record.get("gpu_devices") or [])
-    return used
-
-
-def _gpu_devices(per_node: int, still_to_start: int, freeing: Collection[str]) -> list[int] | None:
-    """This node's share of the machine's GPUs (device indices), None on a machine without GPUs.
-
-    The same detection as for ssh hosts (nvidia-smi); a share is counted, not matched by model: one 8-GPU
-    box plays a cluster of `L4:4` nodes whatever its GPUs are. Called under the address lock, so two
-    clusters provisioning at once never get the same device.
-    """
-    total = detect_local_gpus().count
-    if total == 0:
-        if per_node:
-            raise ClusterError(
-                f"accelerators: each node asks for {per_node} GPU(s), but this machine has none "
-                "(nvidia-smi finds no GPU); drop `accelerators` to run on the CPU"
-            )
-        return None
-    free = [d for d in range(total) if d not in _gpus_in_use(freeing)]
-    if per_node * still_to_start > len(free):
-        raise ClusterError(
-            f"accelerators: {still_to_start} node(s) x {per_node} GPU(s) = {per_node * still_to_start} GPUs "
-            f"asked for, but this machine has {total} ({len(free)} free, the rest held by other local "
-            "nodes); lower num_nodes or the accelerator count"
-        )
-    return free[:per_node]
-
-
-def detect_local_gpus() -> Gpus:
-    """This machine's GPUs, by the detection the ssh infra uses on its hosts."""
-    if shutil.which("nvidia-smi") is None:
-        return Gpus()
-    try:
-        out = subprocess.run(["bash", "-c", QUERY_COMMAND], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return Gpus()
-    return parse_nvidia_smi(out)
-
-
 def _addresses_in_use() -> set[str]:
     base = layout.root()
     used: set[str] = set()
@@ -132,6 +79,11 @@ class LocalCloud(Cloud):
         self.ready_timeout_s = ready_timeout_s
 
     # ---- Cloud interface -------------------------------------------------------------------------------
+
+    def check_resources(self, resources: Resources | None, num_nodes: int) -> None:
+        refusal = gpu_refusal(resources, num_nodes)
+        if refusal is not None:
+            raise ClusterError(refusal)
 
     def provision(self, request: ProvisionRequest) -> list[Node]:
         cluster = request.cluster_name
@@ -305,7 +257,7 @@ class LocalCloud(Cloud):
         )
         with _locked(layout.root() / "addresses.lock"):
             ip = self._free_address()
-            devices = _gpu_devices(gpus, still_to_start, freeing)
+            devices = gpu_devices(gpus, still_to_start, freeing)
             layout.write_json_atomic(
                 layout.node_record_path(node_dir),
                 {
