@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import secrets as random
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -19,7 +20,6 @@ from airflow_sky.client.cluster_names import check_cluster_name
 from airflow_sky.client.jobs_bucket import (
     SETTING,
     JobsBucketConfig,
-    ObjectStore,
     UploadFile,
     UploadProgress,
     files_to_upload,
@@ -29,7 +29,7 @@ from airflow_sky.client.jobs_bucket import (
     upload,
 )
 from airflow_sky.client.managed_dag import borrowed_api, check_dag_ready, check_pipeline_slots, no_dag
-from airflow_sky.client.managed_ids import claimed_id, new_run_id
+from airflow_sky.client.managed_ids import create_run_with_id
 from airflow_sky.client.managed_runs import ManagedJob, cancel, job, latest, logs, queue, unfinished
 from airflow_sky.dags.managed import MANAGED_DAG_ID
 from airflow_sky.errors import SkyError, SpecError
@@ -72,9 +72,8 @@ def launch(
     upload_progress: UploadProgress | None = None,
 ) -> int:
     """Submit `task` (a Task, a Pipeline, or a task YAML: one task or a pipeline file) as a managed job;
-    returns its job id (a small integer, claimed atomically: client.managed_ids; its DAG run id is
-    `sky-job-<id>-<random>`). A pipeline's tasks run in order in that one run, each on a cluster
-    of its own; the deployed DAG needs as many pipeline slots (`managed_jobs_dag(pipeline_slots=N)`).
+    returns its job id (a small integer, claimed atomically with the run: client.managed_ids). A
+    pipeline's tasks run in order in that one run, each on a cluster of its own; the deployed DAG needs as many pipeline slots (`managed_jobs_dag(pipeline_slots=N)`).
 
     Everything is checked here: a bad task is refused before anything reaches Airflow. Secrets go into
     Airflow Variables (never into the run's conf), which the run deletes when it ends. A local workdir and
@@ -97,35 +96,27 @@ def launch(
         if num_nodes < 1:
             raise SpecError(f"num_nodes: must be an integer >= 1, got {num_nodes}")
         tasks[0].num_nodes = num_nodes
+    # The Variables are created before the run: whoever made a run of this id first would read them. 40
+    # random bits make that a guess of one in a trillion per try, each a REST request.
+    run_id = f"sky-job-{random.token_hex(5)}"
     bucket = _jobs_bucket_for(tasks, pipeline)
-    # Everything checked with a stand-in run id before any request; the real one is claimed below.
-    checked = _Prepared.of(tasks, pipeline, bucket, dag_id, new_run_id(0), infra, cluster_name, down)
+    ready = _Prepared.of(tasks, pipeline, bucket, dag_id, run_id, infra, cluster_name, down)
     policy = client_policy()
     user = _api_user(api)
-    for index, spec in enumerate(checked.specs):  # what the DAG's spec tasks will check, checked here first
-        JobSpec.from_conf(spec.to_run_conf(), owner=secret_owner(dag_id, checked.run_id, index))
+    for index, spec in enumerate(ready.specs):  # what the DAG's spec tasks will check, checked here first
+        JobSpec.from_conf(spec.to_run_conf(), owner=secret_owner(dag_id, run_id, index))
         if policy is not None:
             # The deployment judges the cluster name by the user its API knows, which a token does not say.
-            spec.check_policy(policy, checked.tasks[index], user=user, user_known=user is not None)
-    if bucket is not None and checked.uploads:
-        files_to_upload(bucket.bucket, checked.uploads)  # a missing local path: refused before any request
+            spec.check_policy(policy, ready.tasks[index], user=user, user_known=user is not None)
+    files = files_to_upload(bucket.bucket, ready.uploads) if bucket is not None and ready.uploads else []
     with borrowed_api(api) as client:
         check_dag_ready(client, dag_id)
         if pipeline is not None:
             check_pipeline_slots(client, dag_id, len(tasks))
         if confirm is not None and not confirm(pipeline or tasks[0].name or "unnamed"):
             raise LaunchAborted("Aborted: nothing was uploaded or submitted")
-        store = open_store(bucket) if bucket is not None and checked.uploads else None
-        if store is not None:
-            store.check()  # a missing bucket or no credentials: refused before the id is claimed
-        with claimed_id(client, dag_id) as (job_id, run_id):
-            ready = _Prepared.of(tasks, pipeline, bucket, dag_id, run_id, infra, cluster_name, down)
-            files = (
-                files_to_upload(bucket.bucket, ready.uploads) if bucket is not None and ready.uploads else []
-            )
-            with _uploaded(store, bucket, ready.run_uri, files, upload_progress):
-                _submit(client, dag_id, run_id, ready.conf, ready.values)
-    return job_id
+        with _uploaded(bucket, ready.run_uri if ready.uploads else None, files, upload_progress):
+            return _submit(client, dag_id, run_id, ready.conf, ready.values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +216,6 @@ def _jobs_bucket_for(tasks: list[Task], pipeline: str | None) -> JobsBucketConfi
 
 @contextlib.contextmanager
 def _uploaded(
-    store: ObjectStore | None,
     bucket: JobsBucketConfig | None,
     run_uri: str | None,
     files: list[UploadFile],
@@ -233,9 +223,11 @@ def _uploaded(
 ) -> Iterator[None]:
     """The run's local files uploaded for the body; removed again when the body (or the upload) fails, so
     that nothing of a refused launch stays behind."""
-    if store is None or bucket is None or run_uri is None:
+    if bucket is None or run_uri is None:
         yield
         return
+    store = open_store(bucket)
+    store.check()
     try:
         upload(store, files, run_uri, progress)
         yield
@@ -247,8 +239,9 @@ def _uploaded(
 
 def _submit(
     client: AirflowApi, dag_id: str, run_id: str, conf: dict[str, Any], values: Mapping[str, str]
-) -> None:
-    """Create the secrets' Variables, then the run; on a refusal, delete the Variables again."""
+) -> int:
+    """Create the secrets' Variables, then the run with the next free job id (returned); on a refusal,
+    delete the Variables again."""
     created: list[str] = []
     try:
         for key, value in values.items():
@@ -258,9 +251,8 @@ def _submit(
                 json={"key": key, "value": value, "description": f"a secret of {dag_id} run {run_id}"},
             )
             created.append(key)
-        body = {"dag_run_id": run_id, "logical_date": None, "conf": conf}
         try:
-            client.request("POST", api_path("dags", dag_id, "dagRuns"), json=body)
+            return create_run_with_id(client, dag_id, {"dag_run_id": run_id, "conf": conf})
         except ApiError as e:
             if e.status_code != 404:
                 raise

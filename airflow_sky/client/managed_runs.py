@@ -63,7 +63,7 @@ def job(job_id: int | str, api: AirflowApi | None = None, dag_id: str = MANAGED_
     """One managed job's status (`job_id`: its integer id, or its DAG run id)."""
     parse_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with borrowed_api(api) as client:
-        return _job(client, dag_id, client.get(run_path(dag_id, run_id_of(client, job_id))))
+        return _job(client, dag_id, client.get(run_path(dag_id, run_id_of(client, dag_id, job_id))))
 
 
 def latest(api: AirflowApi | None = None, dag_id: str = MANAGED_DAG_ID) -> ManagedJob:
@@ -79,7 +79,7 @@ def cancel(job_id: int | str, api: AirflowApi | None = None, dag_id: str = MANAG
     teardown still runs, which (with down, the default) terminates the nodes."""
     parse_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with borrowed_api(api) as client:
-        run_id = run_id_of(client, job_id)
+        run_id = run_id_of(client, dag_id, job_id)
         run = client.get(run_path(dag_id, run_id))
         if run["state"] in ("success", "failed"):
             raise SpecError(f"job {job_id} already ended ({_status(run, [])})")
@@ -107,7 +107,7 @@ def logs(
     follow tasks write them; with `follow`, until the job ends. Returns the job's status at the end."""
     parse_job_id(job_id)  # a typo or a hostile id is one line, never a request
     with borrowed_api(api) as client:
-        job_id = run_id_of(client, job_id)
+        job_id = run_id_of(client, dag_id, job_id)
         readers: dict[tuple[str, int, int], _LogReader] = {}
         while True:
             run = client.get(run_path(dag_id, job_id))
@@ -219,7 +219,7 @@ def _job(
     status = _status(run, tis, status_xcom)
     remove_leftover_uploads(run, tis, emit)
     return ManagedJob(
-        job_id=id_of_run(run["dag_run_id"]),
+        job_id=id_of_run(run),
         run_id=run["dag_run_id"],
         name=str(conf.get("pipeline") or task.get("name") or "-"),
         status=status,

@@ -1,7 +1,8 @@
-"""A stand-in Airflow REST API with state, for the managed jobs commands: Variables with a unique key (a
-taken key answers 409, checked and inserted under one lock, as the database's unique index does), runs of
-the managed jobs DAG (created, listed newest first with a state filter, patched), their task instances and
-audit log entries as a test sets them. Real sockets and real httpx; every request is recorded."""
+"""A stand-in Airflow REST API with state, for the managed jobs commands: runs of the managed jobs DAG
+(created with a unique run id and logical date: a taken one answers 409, checked and inserted under one
+lock, as the database's unique keys do; listed newest first, or by logical date, with Airflow's filters;
+patched), Variables, the runs' task instances and audit log entries as a test sets them. Real sockets and
+real httpx; every request is recorded."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Airflow:
         self.runs.append(
             {
                 "dag_run_id": run_id,
+                "logical_date": None,
                 "state": state,
                 "queued_at": "2026-12-03T10:00:00Z",
                 "start_date": "2026-12-03T10:00:01Z",
@@ -85,11 +87,23 @@ class Handler(BaseHTTPRequestHandler):
                 return (204, {}) if airflow.variables.pop(key, None) is not None else None
             return (200, {"key": key, "value": airflow.variables[key]}) if key in airflow.variables else None
         if path == RUNS and method == "POST":
-            airflow.add_run(body["dag_run_id"], "queued", body["conf"])
+            for run in airflow.runs:
+                if run["dag_run_id"] == body["dag_run_id"] or (
+                    body.get("logical_date") and run["logical_date"] == body["logical_date"]
+                ):
+                    return 409, {"detail": "Unique constraint violation"}
+            airflow.add_run(body["dag_run_id"], "queued", body["conf"], logical_date=body.get("logical_date"))
             return 200, airflow.runs[-1]
         if path == RUNS:
             states = query.get("state")
             runs = [r for r in reversed(airflow.runs) if not states or r["state"] in states]
+            gte, lte = query.get("logical_date_gte", [None])[0], query.get("logical_date_lte", [None])[0]
+            if gte or lte:  # (ISO dates of one format compare as strings)
+                runs = [
+                    r for r in runs if r["logical_date"] and (gte or "") <= r["logical_date"] <= (lte or "~")
+                ]
+            if query.get("order_by") == ["-logical_date"]:
+                runs.sort(key=lambda r: r["logical_date"] or "", reverse=True)
             offset, limit = int(query.get("offset", ["0"])[0]), int(query.get("limit", ["100"])[0])
             return 200, {"dag_runs": runs[offset : offset + limit], "total_entries": len(runs)}
         if path == "/api/v2/eventLogs":

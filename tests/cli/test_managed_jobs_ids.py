@@ -44,7 +44,7 @@ def _cli(url: str, *args: str, stdin: str = "", env: dict[str, str] | None = Non
     return subprocess.run([*CLI, *args], env=base, input=stdin, capture_output=True, text=True, timeout=120)
 
 
-def test_concurrent_launches_get_distinct_ids_one_two_three_and_run_ids_that_carry_them(airflow):
+def test_concurrent_launches_get_distinct_consecutive_ids_and_hand_made_runs_none(airflow):
     state, url = airflow
     api = AirflowApi(ApiConfig(url, token="t"))
 
@@ -55,13 +55,12 @@ def test_concurrent_launches_get_distinct_ids_one_two_three_and_run_ids_that_car
         ids = list(pool.map(launch, range(8)))
     assert sorted(ids) == list(range(1, 9))  # none shared, none skipped
     assert len(state.runs) == 8
-    for run in state.runs:
-        number = int(run["dag_run_id"].split("-")[2])
-        assert state.variables[f"airflow_sky_job_id__{number}"] == run["dag_run_id"]
+    assert sorted(r["logical_date"] for r in state.runs) == [f"1970-01-01T00:00:0{n}Z" for n in range(1, 9)]
+    # Runs triggered by hand (a logical date of now, or none) take no id and leave the ids alone.
+    state.add_run("manual__2026-12-03T10:00:00+00:00", "success", logical_date="2026-12-03T10:00:00Z")
+    state.add_run("by-hand", "success")
     assert managed_jobs.launch(Task("next", run="true"), api=api) == 9
-    # An id's claim outlives its run: a deleted run's id is never given again.
-    state.runs.clear()
-    assert managed_jobs.launch(Task("after", run="true"), api=api) == 10
+    assert [job.job_id for job in managed_jobs.queue(api=api)][:3] == [9, None, None]
 
 
 def test_every_jobs_command_takes_the_integer_id_or_the_run_id(airflow):
@@ -139,7 +138,7 @@ def _bucket_env(s3: S3Server) -> dict[str, str]:
     }
 
 
-def _failed_run(state: Airflow, s3: S3Server, run_id: str, spec: dict[str, Any]) -> None:
+def _failed_run(state: Airflow, s3: S3Server, job_id: int, run_id: str, spec: dict[str, Any]) -> None:
     """A failed run with uploaded files whose spec task failed as `spec` says, and whose remove_uploads
     teardown failed too (it ran nowhere)."""
     uri = f"s3://{BUCKET}/uploads/{run_id}"
@@ -147,8 +146,8 @@ def _failed_run(state: Airflow, s3: S3Server, run_id: str, spec: dict[str, Any])
         run_id,
         "failed",
         {"task": {"name": "train", "num_nodes": 2}, "infra": "local", "secrets": [], "uploads": uri},
+        logical_date=f"1970-01-01T00:00:0{job_id}Z",
     )
-    state.variables[f"airflow_sky_job_id__{run_id.split('-')[2]}"] = run_id
     never = {"hostname": "", "pid": None, "try_number": 1, "state": "failed"}
     state.tis[run_id] = [
         {"task_id": "begin", "map_index": -1, "state": "success", "hostname": "w", "pid": 1},
@@ -165,11 +164,11 @@ def _keys(s3: S3Server, run_id: str) -> list[str]:
 
 def test_a_job_that_never_started_is_failed_controller_saying_so_and_its_uploads_are_removed(airflow, s3):
     state, url = airflow
-    run_id = "sky-job-1-0a0b0c0d"
-    _failed_run(state, s3, run_id, {"hostname": "", "pid": None, "try_number": 1, "state": "failed"})
+    run_id = "sky-job-0a0b0c0d0e"
+    _failed_run(state, s3, 1, run_id, {"hostname": "", "pid": None, "try_number": 1, "state": "failed"})
     mismatch = (
         "Executor LocalExecutor(parallelism=32) reported that the task instance <TaskInstance: "
-        "airflow_sky_jobs.spec sky-job-1-0a0b0c0d [queued]> finished with state failed, but the task "
+        "airflow_sky_jobs.spec sky-job-0a0b0c0d0e [queued]> finished with state failed, but the task "
         "instance's state attribute is queued."
     )
     state.event_logs[run_id] = [{"event": "state mismatch", "task_id": "spec", "extra": mismatch}]
@@ -192,11 +191,15 @@ def test_a_refused_job_is_failed_prechecks_with_the_deployments_reason_and_its_u
     airflow, s3
 ):
     state, url = airflow
-    run_id = "sky-job-2-0e0f0a0b"
+    run_id = "sky-job-0e0f0a0b0c"
     refusal = "the run conf: infra: aws/us-east-1 is not allowed here; allowed: local"
     log = [{"event": "Task failed", "error_detail": [{"exc_type": "SpecError", "exc_value": refusal}]}]
     _failed_run(
-        state, s3, run_id, {"hostname": "worker-1", "pid": 42, "try_number": 1, "state": "failed", "log": log}
+        state,
+        s3,
+        2,
+        run_id,
+        {"hostname": "worker-1", "pid": 42, "try_number": 1, "state": "failed", "log": log},
     )
 
     logs = _cli(url, "logs", "2", "--no-follow", env=_bucket_env(s3))
@@ -209,8 +212,8 @@ def test_a_refused_job_is_failed_prechecks_with_the_deployments_reason_and_its_u
 
 def test_a_run_whose_teardown_removed_its_uploads_is_not_touched_again(airflow, s3):
     state, url = airflow
-    run_id = "sky-job-3-0c0d0e0f"
-    _failed_run(state, s3, run_id, {"hostname": "", "pid": None, "try_number": 1, "state": "failed"})
+    run_id = "sky-job-0c0d0e0f0a"
+    _failed_run(state, s3, 3, run_id, {"hostname": "", "pid": None, "try_number": 1, "state": "failed"})
     state.tis[run_id][-1].update(state="success", hostname="w", pid=2)  # the deployment's own removal ran
     assert _cli(url, "queue", env=_bucket_env(s3)).returncode == 0
     assert len(_keys(s3, run_id)) == 2  # (left here by the test: the teardown said it removed them)

@@ -23,16 +23,17 @@ from rich.console import Console
 from airflow_sky.client.cli import main
 from airflow_sky.client.cli.cluster_jobs import failure_of
 from airflow_sky.client.cli.managed_jobs import queue_table
-from airflow_sky.client.managed_ids import id_of_run
 from airflow_sky.client.managed_jobs import ManagedJob
 from airflow_sky.task.conf_policy import SETTINGS
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def _job(run_id: str, name: str, status: str, ago_s: float, took_s: float, recoveries: int = 0) -> ManagedJob:
+def _job(
+    job_id: int | None, run_id: str, name: str, status: str, ago_s: float, took_s: float, recoveries: int = 0
+) -> ManagedJob:
     return ManagedJob(
-        job_id=id_of_run(run_id),
+        job_id=job_id,
         run_id=run_id,
         name=name,
         status=status,
@@ -45,9 +46,9 @@ def _job(run_id: str, name: str, status: str, ago_s: float, took_s: float, recov
 
 
 JOBS = [
-    _job("sky-job-12-a1b2c3d4", "managed-training-run-of-the-nightly-model", "RUNNING", 302, 290, 1),
-    _job("sky-job-11-d4e5f6a7", "train", "SUCCEEDED", 3600, 125),
-    _job("sky-job-9-0a0b0c0d", "prep", "CANCELLED", 2 * 86400 + 3 * 3600, 90000),
+    _job(12, "sky-job-a1b2c3d4e5", "managed-training-run-of-the-nightly-model", "RUNNING", 302, 290, 1),
+    _job(11, "sky-job-d4e5f6a7b8", "train", "SUCCEEDED", 3600, 125),
+    _job(9, "sky-job-0a0b0c0d0e", "prep", "CANCELLED", 2 * 86400 + 3 * 3600, 90000),
 ]
 
 
@@ -65,26 +66,25 @@ def test_jobs_queue_fits_80_columns_with_whole_ids_run_ids_headers_statuses_and_
     assert header.split() == ["ID", "NAME", "RUN", "ID", "NODES", "SUBMITTED", "DURATION", "#REC", "STATUS"]
     by_id = {row.split()[0]: row for row in rows}
     running = by_id["12"]
-    assert "sky-job-12-a1b2c3d4" in running
+    assert "sky-job-a1b2c3d4e5" in running
     assert "5m ago" in running and "4m 50s" in running and running.split()[-2:] == ["1", "RUNNING"]
-    assert "managed-t…" in running  # the long name is cut, with an ellipsis
+    assert "managed-tr…" in running  # the long name is cut, with an ellipsis
     assert "1h ago" in by_id["11"] and "2m 5s" in by_id["11"]
     cancelled = by_id["9"]
     assert "2d ago" in cancelled and "1d 1h" in cancelled and cancelled.split()[-1] == "CANCELLED"
 
 
 def test_jobs_queue_drops_columns_before_it_cuts_an_id_or_a_status() -> None:
-    failed = _job("sky-job-13-ffffffff", "hostile", "FAILED_CONTROLLER", 30, 5)
+    failed = _job(13, "sky-job-ffffffffff", "hostile", "FAILED_CONTROLLER", 30, 5)
     lines = _render([*JOBS, failed], 80)
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
-    assert lines[0].split() == ["ID", "NAME", "RUN", "ID", "SUBMITTED", "#REC", "STATUS"]
-    assert lines[-1].split()[:3] == ["13", "hostile", "sky-job-13-ffffffff"]
+    assert lines[0].split() == ["ID", "NAME", "RUN", "ID", "SUBMITTED", "DURATION", "#REC", "STATUS"]
+    assert lines[-1].split()[:3] == ["13", "hostile", "sky-job-ffffffffff"]
     assert lines[-1].split()[-2:] == ["0", "FAILED_CONTROLLER"]
 
 
 def test_jobs_queue_keeps_the_run_id_of_a_job_without_an_integer_id_on_80_columns() -> None:
-    manual = _job("manual__2026-12-03T10:00:00.123456+00:00", "by-hand", "FAILED_PRECHECKS", 30, 5)
-    assert manual.job_id is None
+    manual = _job(None, "manual__2026-12-03T10:00:00.123456+00:00", "by-hand", "FAILED_PRECHECKS", 30, 5)
     lines = _render([*JOBS, manual], 80)
     assert max(len(line) for line in lines) <= 80, "\n".join(lines)
     assert "RUN ID" in lines[0], "\n".join(lines)
@@ -109,7 +109,7 @@ def test_jobs_queue_on_a_wide_terminal_shows_every_column_whole() -> None:
     assert lines[1].split() == [
         "12",
         "managed-training-run-of-the-nightly-model",
-        "sky-job-12-a1b2c3d4",
+        "sky-job-a1b2c3d4e5",
         "16",
         "aws/us-east-1",
         "5m",

@@ -47,8 +47,8 @@ class RecordingApi:
     def get(self, path: str, **params: Any) -> Any:
         if path == "/dags/airflow_sky_jobs":  # launch's check that the DAG is there and unpaused
             return {"dag_id": "airflow_sky_jobs", "is_paused": False, "is_stale": False}
-        if path == "/variables":  # the newest job id claimed: none yet
-            return {"variables": []}
+        if path == "/dags/airflow_sky_jobs/dagRuns":  # the newest job id: none yet
+            return {"dag_runs": []}
         raise AssertionError(f"unexpected GET {path}")
 
     @property
@@ -134,9 +134,9 @@ def test_launch_uploads_the_local_files_and_submits_a_task_that_copies_them(s3, 
         code / "task.yaml", secrets={"TOKEN": "t0k3n-value"}, api=api, upload_progress=progress
     )  # type: ignore[arg-type]
     assert job_id == 1
-    (run_id,) = [json["dag_run_id"] for _, path, json in api.requests if path.endswith("/dagRuns")]
-    assert run_id.startswith("sky-job-1-")
-    job_id = run_id  # the uploads and the secrets are the run's
+    (posted,) = [json for _, path, json in api.requests if path.endswith("/dagRuns")]
+    assert posted["logical_date"] == "1970-01-01T00:00:01Z"  # the id: see client.managed_ids
+    job_id = posted["dag_run_id"]  # the uploads and the secrets are the run's
 
     run_uri = f"s3://{BUCKET}/uploads/{job_id}"
     root = f"uploads/{job_id}/"
@@ -166,13 +166,8 @@ def test_launch_uploads_the_local_files_and_submits_a_task_that_copies_them(s3, 
     assert sum(e[1][0] for e in progress.events if e[0] == "advanced") == 8
     assert sum(e[1][1] for e in progress.events if e[0] == "advanced") == sizes
     assert progress.events[-1][0] == "finished"
-    # The job id's claim, the secret's Variable, then the run.
-    assert [path for _, path, _ in api.requests] == [
-        "/variables",
-        "/variables",
-        "/dags/airflow_sky_jobs/dagRuns",
-    ]
-    assert api.requests[0][2]["key"] == "airflow_sky_job_id__1" and api.requests[0][2]["value"] == run_id
+    # The secret's Variable first, then the run.
+    assert [path for _, path, _ in api.requests] == ["/variables", "/dags/airflow_sky_jobs/dagRuns"]
 
     # What each node's rclone does with the submitted task's mounts: files land where the task said.
     deployed = JobSpec.from_conf(conf, owner=secret_owner("airflow_sky_jobs", job_id)).load_task(
@@ -232,8 +227,7 @@ def test_a_refused_run_leaves_no_uploaded_file_behind(s3, jobs_env, tmp_path):
     assert progress.events[-1][0] == "finished"  # uploaded before the run was refused, then removed
     assert _keys(s3, f"uploads/{job_id}/") == []
     key = secret_variable_key(secret_owner("airflow_sky_jobs", job_id), "TOKEN")
-    assert api.requests[-2][:2] == ("DELETE", f"/variables/{key}")
-    assert api.requests[-1][:2] == ("DELETE", "/variables/airflow_sky_job_id__1")  # the id claim too
+    assert api.requests[-1][:2] == ("DELETE", f"/variables/{key}")
 
 
 def test_declining_the_confirmation_uploads_and_submits_nothing(s3, jobs_env, tmp_path):
