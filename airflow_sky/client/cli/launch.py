@@ -79,8 +79,13 @@ def task_with_overrides(args: argparse.Namespace, *, worker_is_here: bool = True
     this machine's environment applies."""
     from airflow_sky.client.cli.common import git_credentials_from_environment, load_task
 
+    entrypoint_flags = getattr(args, "entrypoint", None) is not None  # launch, exec: -n, --workdir, --ports
+    if entrypoint_flags and not hasattr(args, "file"):
+        from airflow_sky.client.cli.launch_entry import resolve_entrypoint
+
+        resolve_entrypoint(args)  # (the handlers resolved it already)
     task = load_task(args)
-    if getattr(args, "entrypoint", None) is not None:  # launch, exec: -n, --workdir, --ports
+    if entrypoint_flags:
         from airflow_sky.client.cli.launch_entry import apply_entrypoint_flags
 
         apply_entrypoint_flags(args, task)
