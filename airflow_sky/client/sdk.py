@@ -135,13 +135,23 @@ def run(
 
             return queue_in_background(task, options, on_event)
     outcome = (run_job_in_child if in_child else run_job)(Launch(task, options), listener=on_event)
-    if (
-        options.down
-        and outcome.job_id is not None
-        and not this_cluster(outcome.cluster_name, options.infra).nodes()
-    ):
-        forget(outcome.cluster_name)  # the DAG's teardown took it down
+    if outcome.job_id is not None:
+        _after_the_job(this_cluster(outcome.cluster_name, options.infra), options.down)
     return outcome
+
+
+def _after_the_job(cluster: Cluster, down: bool) -> None:
+    """The cluster as the job left it: gone (the DAG's teardown took it down: forget it), or up, maybe on
+    nodes that replaced preempted ones: `ssh C-workerN` must reach those, with their host keys."""
+    from airflow_sky.infra.base import NodeStatus
+
+    nodes = cluster.nodes()
+    if not nodes:
+        if down:
+            forget(cluster.name)
+        return
+    if all(n.status is NodeStatus.RUNNING for n in nodes):
+        ssh_config.write_entries(cluster.name, nodes, cluster.key_files(nodes))
 
 
 def _preflight(task: Task, options: LaunchOptions, task_file: str, launch_command: str | None) -> Cluster:

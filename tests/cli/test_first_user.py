@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_sky.client import ssh_config
 from airflow_sky.infra.local import daemon
+from airflow_sky.infra.local.cloud import LocalCloud
 from tests.cli.test_launch_cli import _cli, cli_env, launch_log  # noqa: F401 - the module's CLI environment
 
 CLUSTER = "first-user"
@@ -44,6 +46,7 @@ run: |
 RECOVERS = """\
 name: recovers
 num_nodes: 2
+setup: echo "set up on $SKYPILOT_SETUP_NODE_RANK"
 run: |
   echo "up on $SKYPILOT_NODE_RANK gen $AIRFLOW_SKY_RECOVERY_COUNT"
   if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 600; fi
@@ -279,7 +282,15 @@ def test_a_recovery_is_shown_live_with_every_rank_of_the_new_generation(
     assert proc.returncode == 0, out
     assert "⟳ RECOVER: node of rank 1 lost; relaunching the job as generation 1" in out, out
     assert "up on 1 gen 1" in out and "done on 1" in out and "done on 0" in out, out
+    # The replacement node's setup is shown live too, after the recovery's line (setup runs on it again).
+    after = out.split("⟳ RECOVER", 1)[1]
+    assert "(setup worker1, rank=1, " in after and "set up on 1" in after, out
     assert "pid=?" not in out
+    # `ssh <cluster>-worker1` reaches the replacement node, with its host key (not the lost node's).
+    nodes = LocalCloud().nodes(kept)
+    directory = Path(cli_env["AIRFLOW_SKY_HOME"]) / "ssh"
+    assert (directory / f"{kept}.known_hosts").read_text() == ssh_config.known_hosts_text(nodes)
+    assert f"HostName {nodes[1].ssh_host}" in (directory / f"{kept}.config").read_text()
 
 
 def test_setup_of_a_one_node_task_on_the_three_node_cluster_sees_one_node(
