@@ -1,4 +1,5 @@
-"""How long the everyday CLI commands take: `status`, `queue`, `logs`, `cancel`, `down`, an unknown cluster.
+"""How long the everyday CLI commands take: `status`, `queue`, `logs`, `cancel`, `down`, an unknown cluster,
+and a one-line `exec` on the kept cluster (to its first output line and to its end).
 
     baseline  `python -c pass`: the interpreter's own start, which every `airflow-sky` call pays too
               (`true` is shown as well: what a process costs at all)
@@ -9,6 +10,10 @@
 kept cluster. Each figure is the median of --repeats tries. The target: every command well under a second,
 which leaves the interpreter start plus a few hundred milliseconds; the ratio says how many interpreter
 starts a command costs. None of them imports Airflow (tests/cli/test_cli_imports.py guards that).
+
+`exec C one-line.yaml` (`run: echo hi`) is timed to its first output line (`hi`) and to its end, next to
+`ssh C 'echo hi'` through the CLI's own ssh config (what `airflow-sky ssh C` runs): the floor of any remote
+command. Its target (issue 38): the first line within 2 s, the end within 3 s of it.
 
 Usage: python bench/bench_cli.py [--repeats 7]
 """
@@ -116,6 +121,51 @@ def measure(repeats: int) -> None:
         downs.append(run([*CLI, "down", name, "-y"]))
     down = statistics.median(d[0] for d in downs), statistics.median(d[1] for d in downs)
     print(line("down (1 node)", down, baseline))
+    measure_exec(repeats, baseline)
+
+
+def first_line_and_end(argv: list[str], wanted: str) -> tuple[float, float]:
+    """Seconds until `argv` prints a line containing `wanted`, and until it ends (exits non-zero: fail)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    first: float | None = None
+    output = []
+    for text in proc.stdout:
+        output.append(text)
+        if first is None and wanted in text:
+            first = time.perf_counter() - started
+    code = proc.wait(timeout=600)
+    end = time.perf_counter() - started
+    if code != 0 or first is None:
+        sys.exit(
+            f"{' '.join(argv)} exited {code} (first line seen: {first is not None}):\n{''.join(output)[-3000:]}"
+        )
+    return first, end
+
+
+def measure_exec(repeats: int, baseline: tuple[float, float]) -> None:
+    one_line = Path(os.environ["AIRFLOW_SKY_HOME"]).parent / "one-line.yaml"
+    one_line.write_text("run: echo hi-from-exec\n")
+    ssh = ["ssh", "-F", os.environ["AIRFLOW_SKY_SSH_CONFIG"], CLUSTER, "echo hi-from-exec"]
+    runs = {
+        "ssh C 'echo' (floor)": [first_line_and_end(ssh, "hi-from-exec") for _ in range(repeats)],
+        "exec C 1-line": [
+            first_line_and_end([*CLI, "exec", CLUSTER, str(one_line)], "hi-from-exec") for _ in range(repeats)
+        ],
+    }
+    print(
+        f"\none-line job on the kept 2-node cluster, median of {repeats} (ratio = seconds / `python -c pass`'s)"
+    )
+    base = baseline[0]
+    for label, tries in runs.items():
+        first = statistics.median(t[0] for t in tries)
+        end = statistics.median(t[1] for t in tries)
+        print(
+            f"  {label:<28} first line {first:6.3f} s  ratio {first / base:5.2f}   "
+            f"end {end:6.3f} s  ratio {end / base:5.2f}   end - first {end - first:6.3f} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

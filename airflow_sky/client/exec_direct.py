@@ -210,6 +210,10 @@ class DirectRun:
                 follower.release_watch()
                 if step.wake is Wake.FAILED:
                     assert step.error is not None
+                    newer = job.generation("run")
+                    if newer > generation:  # relaunched, and that ended before this follower looked
+                        generation = newer
+                        continue
                     raise step.error
                 return job.read_result(follower.own, self.redact)
             finally:

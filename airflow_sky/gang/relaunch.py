@@ -92,13 +92,13 @@ def follow_relaunch(
     leader_lease = LeaseObserver(js.LEADER_LEASE_S)
     while True:
         state = states.require(handle.job_id)
+        if state.generation > generation and state.relaunch is None:
+            return state  # relaunched: follow the new generation, even one that has ended already
         if state.status.is_terminal:
             raise JobFailed(
                 f"job {handle.job_id} is {state.status.value} (while relaunching)",
                 status="CANCELLED" if state.cancelled else state.status.value,
             )
-        if state.generation > generation and state.relaunch is None:
-            return state
         claim = state.relaunch
         if claim is not None:
             free = claim.leader in (None, owner)
