@@ -10,7 +10,8 @@ and `airflow-sky jobs queue/logs/cancel` follow it. Put it in the DAG folder of 
     dag = managed_jobs_dag()
 
     begin ─▶ spec ─▶ [provision ─▶ sync[n] ─▶ setup_follow[n] ─▶ launch ─▶ run_follow[m] ─▶ collect ─▶ teardown] ─▶ forget_secrets
-                                                                                                                 └▶ remove_uploads
+                                                                                                                 ├▶ remove_uploads
+                                                                                                                 └▶ remove_leftovers
 
 `spec` checks the conf (operators.job_spec) against the deployment's policy for the user who triggered the
 run (task.conf_policy: `[sky] managed_infras`, `managed_cluster_names`, `managed_buckets`, `managed_ports`,
@@ -19,7 +20,9 @@ the job's own cluster when the conf names none (64 random bits) and hands the sp
 the job's node count, resources, infra and cluster come from it at run time (the per-node tasks map over the
 provisioned nodes).
 `forget_secrets` deletes the Variables that held the job's secrets, and `remove_uploads` the files `jobs
-launch` put in the jobs bucket for the run (`<[sky] jobs_bucket>/<run id>/`), whatever the outcome.
+launch` put in the jobs bucket for the run (`<[sky] jobs_bucket>/<run id>/`), whatever the outcome;
+`remove_leftovers` what follow tasks killed by `jobs cancel` wrote of a torn-down local cluster after its
+teardown (operators.managed_leftovers).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from airflow_sky.operators.managed import (
     SkyJobSpecOperator,
     SkyRemoveUploadsOperator,
 )
+from airflow_sky.operators.managed_leftovers import SkyRemoveLeftoversOperator
 
 MANAGED_DAG_ID = "airflow_sky_jobs"
 JOB_GROUP = "job"  # the task group of the job's phases: job.provision, job.run_follow, ...
@@ -69,8 +73,9 @@ def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, pipeline_slots: int = 1, **da
         # setup failed, and a refused conf must not leave its secrets behind).
         begin = EmptyOperator(task_id="begin")
         previous: Any = begin
+        spec_ids = [f"spec{'' if index == 0 else index + 1}" for index in range(pipeline_slots)]
         for index in range(pipeline_slots):
-            spec = SkyJobSpecOperator(task_id=f"spec{'' if index == 0 else index + 1}", index=index)
+            spec = SkyJobSpecOperator(task_id=spec_ids[index], index=index)
             group = sky_job(spec.output, group_id=slot_group(index), down=True, **job_kwargs)
             previous >> spec >> group
             # The next job waits for this one's result (collect: fails when the job failed) and for its nodes
@@ -83,7 +88,8 @@ def managed_jobs_dag(dag_id: str = MANAGED_DAG_ID, pipeline_slots: int = 1, **da
             aws_conn_id=job_kwargs.get("aws_conn_id"),
             gcp_conn_id=job_kwargs.get("gcp_conn_id"),
         )
-        for cleanup in (forget, remove):
+        leftovers = SkyRemoveLeftoversOperator(task_id="remove_leftovers", spec_task_ids=spec_ids)
+        for cleanup in (forget, remove, leftovers):
             previous >> cleanup
             cleanup.as_teardown(setups=begin)
     return dag

@@ -39,6 +39,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from airflow_sky.client.managed_ids import logical_date_of
+from airflow_sky.infra.local import layout
 from tests.s3server import S3Server
 from tests.scheduler.stack_driver import (
     API,
@@ -271,6 +272,21 @@ def scenario(
     report["long_uploaded"] = bool(long_uploaded)
     # The cancelled run's teardown removes its files too (remove_uploads, a teardown task).
     _until("the cancelled job's files to be removed", lambda: not _uploaded(s3, long_run), 180, report)
+    # What its killed follow tasks wrote of the torn-down cluster after its teardown (state/progress) is
+    # removed by the run's last teardown, remove_leftovers.
+    leftovers = f"/api/v2/dags/airflow_sky_jobs/dagRuns/{long_run}/taskInstances/remove_leftovers"
+    _until(
+        "the cancelled run's remove_leftovers to end",
+        lambda: _get(client, leftovers).json().get("state") in ("success", "failed"),
+        240,
+        report,
+    )
+    report["long_leftovers"] = _get(client, leftovers).json().get("state")
+    report["long_folder_left"] = sorted(
+        str(path.relative_to(layout.root()))
+        for folder in layout.root().glob("*managed-long*")
+        for path in folder.rglob("*")
+    )
 
     # 4. A pipeline: its tasks in order in one run; one longer than the DAG's slots is refused locally.
     too_long = _cli(env, "jobs", "launch", str(probe / "pipeline3.yaml"), "--detach")

@@ -82,6 +82,8 @@ def test_a_managed_job_starts_on_a_fresh_stack_outlives_its_cli_recovers_a_preem
         # The cancelled job: every rank stopped, its nodes torn down.
         assert report["long_statuses"][-1] == "CANCELLED", context
         assert report["long_nodes_left"] == 0 and report["clusters_left"] == [], context
+        # Nothing of its cluster is left: no state/progress written by its killed follow tasks.
+        assert report["long_leftovers"] == "success" and report["long_folder_left"] == [], context
 
         # A pipeline runs its tasks in order in one run; a longer one than the DAG has slots for is refused.
         assert report["pipeline3"]["rc"] != 0 and "pipeline_slots=3" in report["pipeline3"]["output"], context
