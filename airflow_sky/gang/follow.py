@@ -116,7 +116,6 @@ class RankFollower:
             self.progress = ProgressCollector(records, self.job_id, rank, self.generation)
         self._on_progress = on_progress
         self._next_sink = 0.0
-        self._emit = emit
         self._progress_log = LineThrottle(PROGRESS_LOG_S)
         self._logged: object = None  # the record the last progress line was made of
         self.tail = phase_tail(
@@ -170,7 +169,9 @@ class RankFollower:
             self._log_progress(final=True)
 
     def _log_progress(self, final: bool = False) -> None:
-        """The rank's compact progress line to the task log, when due (see LineThrottle)."""
+        """The rank's compact progress line to the task log (the watcher's log: a follow task's and a
+        trigger's is their task log; the CLI's own followers keep it out of the terminal, which shows the
+        job's line), when due (see LineThrottle)."""
         latest = self.progress.latest if self.progress is not None else None
         line = None
         if latest is not None and latest is not self._logged:
@@ -178,7 +179,7 @@ class RankFollower:
             line = compact_line(rank_doc(latest))
         due = self._progress_log.offer(line, final=final)
         if due is not None:
-            self._emit(f"{self.tail.prefix} progress: {due}")
+            self.watcher.log(f"{self.tail.prefix} progress: {due}")
 
     def release_watch(self) -> None:
         """Give the lease up at once (this follower is done): another follower need not wait for it to lapse."""

@@ -54,7 +54,7 @@ def compact_line(doc: Mapping[str, Any] | None) -> str | None:
     ]
     if doc.get("rate") is not None:
         parts.append(rate_cell(doc["rate"]))
-    if doc.get("eta_s") is not None:
+    if doc.get("eta_s") is not None and not (total and step >= total):  # done: no "ETA 0s"
         parts.append(f"ETA {short_duration(doc['eta_s'])}")
     metrics = list((doc.get("metrics") or {}).items())
     parts += [f"{name}={metric_cell(value)}" for name, value in metrics[:LINE_METRICS]]

@@ -21,6 +21,7 @@ def test_the_line_shows_step_total_rate_eta_and_the_first_metrics() -> None:
         == "step 1200/3000 40% · 2.41/s · ETA 12m26s · loss=2.31416 · tokens/s=18400 · a=1 · b=2"
     )
     assert compact_line({"step": 7, "total": None, "rate": None, "eta_s": None, "metrics": {}}) == "step 7"
+    assert compact_line({"step": 10, "total": 10, "rate": 2.0, "eta_s": 0.0}) == "step 10/10 100% · 2/s"
     assert compact_line({"step": None}) is None and compact_line(None) is None
 
 
