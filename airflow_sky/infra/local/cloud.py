@@ -290,7 +290,9 @@ class LocalCloud(Cloud):
 
     def autostop_action(self, cluster_name: str, down: bool) -> str:
         # A local node cannot power itself off: it asks its server, which stops (or ends) the node.
-        return f"printf '%s\\n' {'down' if down else 'stop'} > \"$HOME/{layout.POWEROFF_PATH}\""
+        # (Its folder is made first: a node no job ran on yet, `local up`'s, has none.)
+        request = f'"$HOME/{layout.POWEROFF_PATH}"'
+        return f"mkdir -p \"$(dirname {request})\" && printf '%s\\n' {'down' if down else 'stop'} > {request}"
 
     def _wait(self, node_dirs: list[Path]) -> None:
         if not node_dirs:
