@@ -33,8 +33,9 @@ from airflow_sky.client.limits import raise_open_file_limit
 from airflow_sky.errors import ClusterError, JobFailed
 from airflow_sky.gang.cluster_down import release_cluster
 from airflow_sky.gang.cluster_jobs import wait_in_queue
-from airflow_sky.gang.gang_job import GangJob, Wake
+from airflow_sky.gang.gang_job import GangJob, RankFollower, Wake
 from airflow_sky.gang.job import KILLED_EXIT_CODE, JobHandle, JobStatus
+from airflow_sky.gang.job_progress import RankProgress, summarize
 from airflow_sky.gang.phases import check_exec_nodes, job_states, register_job
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES
 from airflow_sky.infra.base import Node
@@ -77,6 +78,10 @@ class DirectRun:
     redact: Callable[[str], str]
     submit_key: str
     handle: JobHandle | None = None
+    progress: ProgressTeller = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.progress = ProgressTeller(self.sink)
 
     def step(self, name: str, work: Callable[[], Any], rank: int | None = None) -> Any:
         """Run one step as its task would: task_started, then task_done or task_failed (and _Failed)."""
@@ -199,10 +204,9 @@ class DirectRun:
             nodes = job.phase_nodes("run", job.state())
             follower = job.follower(
                 "run", generation, rank, nodes, owner, emit=self._emitter(rank), triage=triage, log=self.log,
-                on_progress=lambda doc: self.sink(events.Event("progress", "run_follow", None, data=doc)),
             )  # fmt: skip
             try:
-                step = follower.run(FOLLOW_POLL_S)
+                step = follower.run(FOLLOW_POLL_S, lambda f: self.progress.tell(rank, f, job))
                 if step.wake is Wake.RELAUNCH:
                     self.log(step.reason)
                     generation = job.relaunch(task, generation, owner, self.log).generation
@@ -215,6 +219,7 @@ class DirectRun:
                         generation = newer
                         continue
                     raise step.error
+                self.progress.tell(rank, follower, job)  # its last reports
                 return job.read_result(follower.own, self.redact)
             finally:
                 follower.close()
@@ -276,6 +281,33 @@ class DirectRun:
         if failed:
             raise failed[0]
         return [f.result() for f in futures]
+
+
+class ProgressTeller:
+    """The job's progress as `progress` events, whenever a rank's record changed (the live view's compact
+    line; client.live.NodeLogs tells it so for a DAG run): each follower hands its rank's latest record."""
+
+    def __init__(self, sink: events.Listener) -> None:
+        self._sink = sink
+        self._latest: dict[int, RankProgress] = {}
+        self._told: tuple[tuple[int, int], ...] = ()
+        self._lock = threading.Lock()
+
+    def tell(self, rank: int, follower: RankFollower, job: GangJob) -> None:
+        record = follower.progress.latest if follower.progress is not None else None
+        with self._lock:
+            if record is not None:
+                self._latest[rank] = record
+            told = tuple((r, id(p)) for r, p in sorted(self._latest.items()))
+            if not self._latest or told == self._told:
+                return
+            self._told = told
+            latest = dict(self._latest)
+        try:
+            doc = summarize(latest, job.state(), time.time(), with_history=False)
+        except Exception:  # progress never fails the job (as the follow task's gauges)
+            return
+        self._sink(events.Event("progress", "run_follow", None, data=doc))
 
 
 def log_writer(log_file: Path, redact: Callable[[str], str]) -> Callable[[str], None]:
