@@ -1,7 +1,7 @@
 """A job's progress through the real CLI and SDK on a real 2-node local cluster: a job whose ranks echo
 `@@airflow-sky-progress/1` lines shows its step (its slowest rank's), percent and ETA in `queue` while it runs
 and after it ended, `progress` prints every rank's step, rate and loss, the SDK returns the progress
-document; a job that reports nothing shows `-`. No output shows a report line (exec, logs): one compact `progress:` line instead; `logs --raw` shows the log as written. A metric reported
+document; a job that reports nothing shows `-`. No output shows a report line (launch, exec, logs, the follow tasks' Airflow log): one compact `progress:` line instead; `logs --raw` shows the log as written. A metric reported
 every 25 steps stays in `progress` between reports, also for an `exec -d` job, whose progress is collected
 when it is read. `logs -s` of a job whose node is gone fails at once and leaves no folder."""
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -235,6 +236,34 @@ def test_a_detached_jobs_progress_is_collected_and_a_loss_reported_every_25_step
     wait_for(f"job {job} SUCCEEDED", ended)
     doc = json.loads(cli(env, "progress", cluster, job, "--json").stdout)
     assert (doc["step"], doc["ranks"][0]["metrics"]) == (31, {"loss": 2.5}), doc
+
+
+QUICK = """\
+name: quick
+num_nodes: 2
+run: |
+  for i in 1 2 3; do
+    echo "@@airflow-sky-progress/1 {\\"step\\":$i,\\"total\\":3,\\"metrics\\":{\\"loss\\":$i.5}}"
+    echo "plain $i"
+  done
+"""
+
+
+def test_a_launchs_output_and_its_follow_tasks_airflow_log_show_the_progress_line_not_the_reports(
+    env, cluster, tmp_path
+):
+    (tmp_path / "quick.yaml").write_text(QUICK)
+    launched = cli(env, "launch", "-c", cluster, str(tmp_path / "quick.yaml"), "-y")  # a DAG run, in-process
+    out = launched.stdout + launched.stderr
+    assert launched.returncode == 0, out
+    assert "plain 3" in out and "@@airflow-sky-progress" not in out, out
+    assert "progress: step 3/3 100%" in out and "loss=3.5" in out, out
+    airflow_log = Path(out.split("Airflow log of this launch: ", 1)[1].split()[0]).read_text()
+    assert "plain 3" in airflow_log and "@@airflow-sky-progress" not in airflow_log, airflow_log[-4000:]
+    for prefix in ("(head, rank=0, ", "(worker1, rank=1, "):
+        assert any(
+            prefix in line and ") progress: step 3/3 100%" in line for line in airflow_log.splitlines()
+        ), airflow_log[-4000:]
 
 
 def test_logs_sync_down_of_a_job_whose_node_is_gone_fails_at_once_and_leaves_nothing(env, cluster, tmp_path):
