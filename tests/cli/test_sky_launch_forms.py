@@ -75,6 +75,7 @@ def test_exec_runs_a_command_on_the_kept_cluster(cli_env: dict[str, str], cluste
     quoted = _cli(cli_env, "exec", cluster, 'echo "exec says $((6 * 7)) on rank $SKYPILOT_NODE_RANK"')
     assert quoted.returncode == 0, quoted.stdout + quoted.stderr
     assert any(line.endswith("exec says 42 on rank 0") for line in _lines(quoted)), quoted.stdout
+    assert "Command to run: echo " in quoted.stdout  # what the words were taken for, as sky says
     # Unquoted words are one command, as sky joins them.
     words = _cli(cli_env, "exec", cluster, "echo", "one", "two")
     assert words.returncode == 0, words.stdout + words.stderr

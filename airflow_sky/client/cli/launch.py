@@ -360,6 +360,8 @@ def _exec(args: argparse.Namespace) -> int:
     suggested = launch_command(args.cluster, args)  # before the overrides are applied to `args`
     ignore_ports_on_exec(args)
     task = task_with_overrides(args)
+    if entry.command is not None:
+        print(f"Command to run: {entry.command}")
 
     infra = args.infra or infra_of(args.cluster, task.resources.infra)
     check_buckets(task, infra)
