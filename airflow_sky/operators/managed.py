@@ -10,8 +10,7 @@ from airflow.sdk import BaseOperator, Variable
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_sky.errors import SpecError
-from airflow_sky.hooks.cluster import jobs_bucket_setting, remove_job_files
-from airflow_sky.node.settings import sky_setting
+from airflow_sky.hooks.cluster import jobs_bucket_setting, remove_job_files, sky_setting
 from airflow_sky.operators.job_spec import SECRET_NAME, JobSpec, job_confs, secret_owner, secret_variable_key
 from airflow_sky.operators.secrets import read_secrets
 from airflow_sky.task.cluster_namespace import run_cluster_name
