@@ -19,6 +19,7 @@ import pytest
 
 from airflow_sky.client import managed_jobs
 from airflow_sky.client.airflow_api import AirflowApi, ApiConfig
+from airflow_sky.client.managed_ids import logical_date_of
 from tests.cli.stand_in import answer_json, jobs_queue, serve
 
 CLI = [sys.executable, "-m", "airflow_sky.client.cli"]
@@ -27,9 +28,10 @@ SILENT = "sky-job-20261203-090000-d4e5f6"
 WAITING = "sky-job-20261203-110000-0a0b0c"
 
 
-def _run(run_id: str, state: str) -> dict[str, Any]:
+def _run(run_id: str, state: str, job_id: int) -> dict[str, Any]:
     return {
         "dag_run_id": run_id,
+        "logical_date": logical_date_of(job_id),
         "state": state,
         "queued_at": "2026-12-03T10:00:00Z",
         "start_date": "2026-12-03T10:00:01Z",
@@ -38,7 +40,7 @@ def _run(run_id: str, state: str) -> dict[str, Any]:
     }
 
 
-RUNS = [_run(WAITING, "queued"), _run(TRAINING, "running"), _run(SILENT, "success")]
+RUNS = [_run(WAITING, "queued", 3), _run(TRAINING, "running", 2), _run(SILENT, "success", 1)]
 FOLLOW = {"task_id": "job.run_follow", "map_index": 0, "try_number": 1}
 TASK_INSTANCES = {
     TRAINING: [{**FOLLOW, "state": "running"}],
@@ -130,7 +132,7 @@ def _queue_lines(url: str) -> list[str]:
 def test_jobs_queue_shows_the_plugins_progress_and_a_dash_without_it(stand_in):
     url, plugin, requests = stand_in
     header, *rows = _queue_lines(url)
-    by_id = {row.split()[0]: row for row in rows}
+    by_id = {row.split()[2]: row for row in rows}  # by RUN ID
     asked = [(path, auth) for path, auth in requests if path.startswith("/airflow-sky/")]
     # Only runs that got to their run are asked about, each once, with the REST API's login.
     assert sorted(path for path, _ in asked) == [
@@ -139,7 +141,7 @@ def test_jobs_queue_shows_the_plugins_progress_and_a_dash_without_it(stand_in):
     ]
     assert {auth for _, auth in asked} == {"Bearer t"}
     if plugin == "installed":
-        wide = "ID NAME NODES INFRA SUBMITTED DURATION PROGRESS ETA #RECOVERIES STATUS"
+        wide = "ID NAME RUN ID NODES INFRA SUBMITTED DURATION PROGRESS ETA #RECOVERIES STATUS"
         assert " ".join(header.split()) == wide, header
         # (the statuses are of_run's, from task instances this stand-in leaves out: not the point here)
         assert by_id[TRAINING].split()[-5:-2] == ["1200/3000", "40%", "1h02m"], by_id
@@ -153,7 +155,8 @@ def test_jobs_queue_shows_the_plugins_progress_and_a_dash_without_it(stand_in):
 def test_the_sdk_jobs_queue_carries_the_progress_fields(stand_in):
     url, plugin, _ = stand_in
     with AirflowApi(ApiConfig(url, token="t")) as api:
-        jobs = {job.job_id: job for job in managed_jobs.queue(api=api)}
+        jobs = {job.run_id: job for job in managed_jobs.queue(api=api)}
+    assert [job.job_id for job in jobs.values()] == [3, 2, 1]  # from the runs' logical dates
     expected = (
         {"step": 1200, "total": 3000, "percent": 40.0, "rate": 0.5, "eta_s": 3720.0}
         if plugin == "installed"
@@ -212,7 +215,8 @@ def test_jobs_queue_with_progress_still_fits_80_columns_keeping_progress_over_th
 
     now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
     job = managed_jobs.ManagedJob(
-        job_id=TRAINING,
+        job_id=2,
+        run_id=TRAINING,
         name="managed-training-run-of-the-nightly-model",
         status="RUNNING",
         recoveries=1,
@@ -226,5 +230,5 @@ def test_jobs_queue_with_progress_still_fits_80_columns_keeping_progress_over_th
     console.print(queue_table([job], now, 80))
     header, row = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
     assert max(len(header), len(row)) <= 80, (header, row)
-    assert header.split() == ["ID", "NAME", "PROGRESS", "#REC", "STATUS"], header
-    assert row.split()[0] == TRAINING and row.split()[-4:] == ["1200/3000", "40%", "1", "RUNNING"], row
+    assert header.split() == ["ID", "NAME", "SUBMITTED", "PROGRESS", "#REC", "STATUS"], header
+    assert row.split()[0] == "2" and row.split()[-4:] == ["1200/3000", "40%", "1", "RUNNING"], row
