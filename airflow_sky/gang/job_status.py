@@ -34,7 +34,7 @@ class ManagedStatus(enum.StrEnum):
     FAILED = "FAILED"
     FAILED_SETUP = "FAILED_SETUP"
     FAILED_PRECHECKS = "FAILED_PRECHECKS"  # the deployment refused the run's spec
-    FAILED_CONTROLLER = "FAILED_CONTROLLER"  # the run failed before its spec task ran (Airflow could not run it)
+    FAILED_CONTROLLER = "FAILED_CONTROLLER"  # the run failed before its spec task ran
     CANCELLED = "CANCELLED"
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from airflow_sky.gang.job_progress import RankProgress
 from airflow_sky.gang.progress_store import ProgressRecords
+from airflow_sky.hooks.leftovers import remove_leftover_clusters
 from airflow_sky.infra.local import layout
 from airflow_sky.infra.local.state_store import LocalStateStore
-from airflow_sky.operators.managed_leftovers import remove_leftover_clusters
 
 
 @pytest.fixture
