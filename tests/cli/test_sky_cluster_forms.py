@@ -116,6 +116,11 @@ def test_queue_without_a_cluster_lists_every_cluster_and_skip_finished_keeps_the
     assert list(_tables(named.stdout)) == [CLUSTER], named.stdout
 
 
+def _status_row(env: dict[str, str], name: str) -> str:
+    out = cli({**env, "COLUMNS": "200"}, "status", name).stdout
+    return next(line for line in out.splitlines() if f"│ {name} " in line)
+
+
 def _on_a_terminal(environ: dict[str, str], answer: str, *argv: str) -> subprocess.CompletedProcess[str]:
     """The CLI with a terminal as its stdin, `answer` typed into it."""
     leader, follower = pty.openpty()
@@ -173,11 +178,19 @@ def test_down_and_stop_take_glob_patterns_and_all(env, cluster, monkeypatch):
     assert nothing.returncode == 2 and "Traceback" not in nothing.stderr
     assert nothing.stderr.startswith("airflow-sky: error: down: no cluster matches 'forms-nowhere*'")
     assert len(nothing.stderr.splitlines()) == 1 and "forms-g1" in nothing.stderr
+    armed = cli(env, "autostop", "forms-g1", "-i", "30", "--down")
+    assert armed.returncode == 0, armed.stdout + armed.stderr
+    assert "30m (down)" in _status_row(env, "forms-g1")
     # (Nodes no job ran on: they stop too.)
     stopped = cli(env, "stop", "forms-g*", "-y", timeout=300)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "Cluster forms-g1 stopped." in stopped.stdout and "Cluster forms-g2 stopped." in stopped.stdout
-    assert "STOPPED" in cli(env, "status", "forms-g2").stdout
+    assert "STOPPED" in _status_row(env, "forms-g2") and "30m" not in _status_row(env, "forms-g1")
+    # A started cluster's nodes run no watcher until armed again: its AUTOSTOP says so.
+    started = cli(env, "start", "forms-g1")
+    assert started.returncode == 0, started.stdout + started.stderr
+    row = _status_row(env, "forms-g1")
+    assert "UP" in row and "30m" not in row and "│ -" in row, row
     downed = cli(env, "down", "forms-g?", "-y")
     assert downed.returncode == 0, downed.stdout + downed.stderr
     assert downed.stdout.splitlines() == ["Cluster forms-g1 terminated.", "Cluster forms-g2 terminated."]
