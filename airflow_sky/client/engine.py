@@ -50,6 +50,7 @@ class JobOutcome:
     failures: list[str]
     handle: JobHandle | None = None
     result: Any = None  # the head's return.json (collect's XCom), None without one
+    by_airflow: bool = True  # False: an exec run without a DAG run (client/exec_direct.py), its own log
 
 
 def private_airflow_home() -> Path:
@@ -329,9 +330,10 @@ class Recorder:
         self.failures: list[str] = []
         self.result: Any = None
 
-    def outcome(self, state: str, cluster_name: str, log_file: Path) -> JobOutcome:
+    def outcome(self, state: str, cluster_name: str, log_file: Path, by_airflow: bool = True) -> JobOutcome:
         """The launch's outcome: its DAG run's `state` and what the events told."""
         return JobOutcome(
+            by_airflow=by_airflow,
             succeeded=state == "success" and not self.failures,
             state=state,
             cluster_name=cluster_name,

@@ -209,7 +209,7 @@ class DirectRun:
                 step = follower.run(FOLLOW_POLL_S, lambda f: self.progress.tell(rank, f, job))
                 if step.wake is Wake.RELAUNCH:
                     self.log(step.reason)
-                    generation = job.relaunch(task, generation, owner, self.log).generation
+                    generation = job.relaunch(task, generation, owner, self._relaunch_log(rank)).generation
                     continue
                 follower.release_watch()
                 if step.wake is Wake.FAILED:
@@ -223,6 +223,17 @@ class DirectRun:
                 return job.read_result(follower.own, self.redact)
             finally:
                 follower.close()
+
+    def _relaunch_log(self, rank: int) -> Callable[[str], None]:
+        """What a relaunch says goes to the log file; the replacement node's setup lines (the leader streams
+        them, `(setup worker1, rank=1, ...)`) reach the terminal too, as the DAG run's live view shows them."""
+
+        def log(line: str) -> None:
+            self.log(line)
+            if line.startswith("(setup "):
+                self.sink(events.Event("log", "setup_follow", rank, self.redact(line)))
+
+        return log
 
     def _emitter(self, rank: int) -> Callable[[str], None]:
         return lambda line: self.sink(events.Event("log", "run_follow", rank, self.redact(line)))
@@ -362,4 +373,4 @@ def run_exec(launch: Launch, listener: events.Listener | None = None) -> JobOutc
         watch.stop()
         engine.launch_state().pop("log_file", None)
     write(f"the exec's steps ended: {state}")
-    return recorder.outcome(state, cluster.name, log_file)
+    return recorder.outcome(state, cluster.name, log_file, by_airflow=False)

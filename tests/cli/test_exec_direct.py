@@ -116,3 +116,42 @@ def test_an_exit_code_the_task_recovers_on_relaunches_the_job_and_it_succeeds(
     assert "done on 0" in result.stdout and "done on 1" in result.stdout
     job_id = result.stdout.split("Job ", 1)[1].split()[0]
     assert "SUCCEEDED" in cli(env, "logs", "--status", CLUSTER, job_id).stdout
+
+
+PREEMPTED = """\
+name: preempted
+num_nodes: 2
+setup: echo "set up on $SKYPILOT_SETUP_NODE_RANK"
+run: |
+  echo "up on $SKYPILOT_NODE_RANK gen $AIRFLOW_SKY_RECOVERY_COUNT"
+  if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 600; fi
+  echo "finished on $SKYPILOT_NODE_RANK"
+"""
+
+
+def test_a_preempted_node_is_replaced_and_its_setup_lines_reach_the_terminal(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """exec runs no setup on the kept nodes, but a replacement node is new: its setup runs, and its lines
+    are shown as the DAG run's live view shows them (they once went to the exec's log file only)."""
+    proc = subprocess.Popen(
+        [*CLI, "exec", CLUSTER, write(tmp_path, "preempted.yaml", PREEMPTED)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "up on 1 gen 0" in line:
+            preempted = cli(env, "local", "preempt", CLUSTER, "1")
+            assert preempted.returncode == 0, preempted.stdout + preempted.stderr
+            break
+    rest, _ = proc.communicate(timeout=600)
+    out = "".join(seen) + rest
+    assert proc.returncode == 0, out
+    after = out.split("up on 1 gen 0", 1)[1]
+    assert "(setup worker1, rank=1, " in after and "set up on 1" in after, out
+    assert "finished on 0" in after and "finished on 1" in after, out

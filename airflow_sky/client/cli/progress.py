@@ -147,7 +147,8 @@ def print_summary(
         console.print(
             Text(f"✗ {job} on {outcome.cluster_name} {status}: {reason}", style="bold red"), highlight=False
         )
-    console.print(Text(f"Airflow log of this launch: {outcome.log_file}", style="dim"), highlight=False)
+    what = "Airflow log of this launch" if outcome.by_airflow else "Log of this exec"  # exec: no DAG run
+    console.print(Text(f"{what}: {outcome.log_file}", style="dim"), highlight=False)
 
 
 def job_status_of(outcome: JobOutcome) -> str:
