@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="local_command", metavar="ACTION", required=True)
 
     up = commands.add_parser("up", help="start (or grow) a local cluster")
-    up.add_argument("name")
+    up.add_argument("cluster", metavar="name")
     up.add_argument(
         "--nodes",
         type=int,
@@ -31,16 +31,16 @@ def register(subparsers: Any) -> None:
     up.set_defaults(handler=_up)
 
     ls = commands.add_parser("ls", help="list local clusters and their nodes")
-    ls.add_argument("name", nargs="?")
+    ls.add_argument("cluster", metavar="name", nargs="?")
     ls.set_defaults(handler=_ls)
 
     preempt = commands.add_parser("preempt", help="kill one node without warning, like a spot preemption")
-    preempt.add_argument("name")
+    preempt.add_argument("cluster", metavar="name")
     preempt.add_argument("rank", type=int)
     preempt.set_defaults(handler=_preempt)
 
     down = commands.add_parser("down", help="stop every node of a cluster and delete its state")
-    down.add_argument("name")
+    down.add_argument("cluster", metavar="name")
     down.set_defaults(handler=_down)
 
 
@@ -48,13 +48,13 @@ def _up(args: argparse.Namespace) -> int:
     if args.nodes is not None and args.nodes < 1:
         raise SpecError(f"--nodes: must be an integer >= 1, got {args.nodes}")
     cloud = LocalCloud()
-    have = max((n.rank for n in cloud.nodes(args.name)), default=-1) + 1
-    refusal = shrink_refusal(args.name, have, args.nodes)
+    have = max((n.rank for n in cloud.nodes(args.cluster)), default=-1) + 1
+    refusal = shrink_refusal(args.cluster, have, args.nodes)
     if refusal is not None:
         raise SpecError(refusal)
     num_nodes = args.nodes or have or 1
-    nodes = cloud.provision(ProvisionRequest(cluster_name=args.name, num_nodes=num_nodes))
-    _print_nodes(args.name, nodes)
+    nodes = cloud.provision(ProvisionRequest(cluster_name=args.cluster, num_nodes=num_nodes))
+    _print_nodes(args.cluster, nodes)
     if daemon.isolation() is None:
         Console().print(
             "note: nodes are plain processes here (no PID/mount namespaces: they need root or user "
@@ -77,12 +77,12 @@ def shrink_refusal(name: str, have: int, asked: int | None) -> str | None:
 
 def _ls(args: argparse.Namespace) -> int:
     cloud = LocalCloud()
-    names = [args.name] if args.name else cloud.clusters()
+    names = [args.cluster] if args.cluster else cloud.clusters()
     if not names:
         Console().print(f"no local clusters (state dir: {layout.root()})")
         return 0
-    if args.name:
-        _require_cluster(cloud, args.name)
+    if args.cluster:
+        _require_cluster(cloud, args.cluster)
     for name in names:
         _print_nodes(name, cloud.nodes(name))
     return 0
@@ -98,18 +98,18 @@ def _require_cluster(cloud: LocalCloud, name: str) -> None:
 
 def _preempt(args: argparse.Namespace) -> int:
     cloud = LocalCloud()
-    _require_cluster(cloud, args.name)
-    node = cloud.preempt(args.name, args.rank)
-    Console().print(f"preempted rank {node.rank} of {args.name} ({node.internal_ip}): {node.status.value}")
+    _require_cluster(cloud, args.cluster)
+    node = cloud.preempt(args.cluster, args.rank)
+    Console().print(f"preempted rank {node.rank} of {args.cluster} ({node.internal_ip}): {node.status.value}")
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
-    LocalCloud().terminate(args.name)
+    LocalCloud().terminate(args.cluster)
     from airflow_sky.client.sdk import forget
 
-    forget(args.name)
-    Console().print(f"cluster {args.name} is down")
+    forget(args.cluster)
+    Console().print(f"cluster {args.cluster} is down")
     return 0
 
 
