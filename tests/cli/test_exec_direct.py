@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,14 +145,22 @@ def test_a_preempted_node_is_replaced_and_its_setup_lines_reach_the_terminal(
     )
     assert proc.stdout is not None
     seen: list[str] = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "up on 1 gen 0" in line:
-            preempted = cli(env, "local", "preempt", CLUSTER, "1")
-            assert preempted.returncode == 0, preempted.stdout + preempted.stderr
-            break
-    rest, _ = proc.communicate(timeout=600)
-    out = "".join(seen) + rest
+    reader = threading.Thread(target=lambda: seen.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while not any("up on 1 gen 0" in line for line in seen[:]):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail("rank 1 never started generation 0:\n" + "".join(seen[:]))
+        time.sleep(0.2)
+    preempted = cli(env, "local", "preempt", CLUSTER, "1")
+    assert preempted.returncode == 0, preempted.stdout + preempted.stderr
+    try:
+        proc.wait(timeout=300)
+    finally:
+        proc.kill()
+    reader.join(timeout=30)
+    out = "".join(seen)
     assert proc.returncode == 0, out
     after = out.split("up on 1 gen 0", 1)[1]
     assert "(setup worker1, rank=1, " in after and "set up on 1" in after, out
