@@ -49,6 +49,9 @@ SLOWEST_FILES = (
     "tests/ui/test_progress_api.py",  # an API server, two jobs and Chromium: ~105 s on an idle machine
     "tests/dags/test_progress_dag.py",  # three `airflow dags test` runs: ~110 s
     "tests/cli/test_progress_cli.py",  # a kept 2-node cluster, two launches: ~115 s on a loaded machine
+    "tests/cli/test_sky_launch_forms.py",  # a kept cluster, four launches/execs: ~140 s on a loaded machine
+    "tests/cli/test_sky_cluster_forms.py",  # ~75 s
+    "tests/docs/test_guide_samples.py",  # the guide's minGPT launch: ~50 s
 )
 
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
