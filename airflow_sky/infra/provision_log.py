@@ -92,15 +92,17 @@ class ProvisionLog:
         self.ended, self.ok = True, ok
         if self._pending is not None:
             self._pending.cancel()
-        self.flush(force=True)
+        self.flush(force=True, wait=True)
 
-    def flush(self, force: bool = False) -> None:
+    def flush(self, force: bool = False, wait: bool = False) -> None:
         """Write the record now (or, unless `force`, when FLUSH_EVERY_S passed since the last write).
 
         Never raises: provisioning goes on without its log when the store does not answer (said once).
-        A write from inside a write (a store that logs under the infra's logger) is skipped.
+        A write from inside a write (a store that logs under the infra's logger) is skipped. `wait` (the
+        end's write): after a write in progress on another thread (a throttled line's timer), never
+        instead of it: that write may hold the record as it was before the end.
         """
-        if self._replaced or not self._flushing.acquire(blocking=False):
+        if self._replaced or not self._flushing.acquire(blocking=wait):
             return
         try:
             wait = self._last_flush + FLUSH_EVERY_S - time.monotonic()

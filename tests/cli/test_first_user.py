@@ -282,10 +282,10 @@ def test_a_recovery_is_shown_live_with_every_rank_of_the_new_generation(
     assert proc.returncode == 0, out
     assert "⟳ RECOVER: node of rank 1 lost; relaunching the job as generation 1" in out, out
     assert "up on 1 gen 1" in out and "done on 1" in out and "done on 0" in out, out
-    # The replacement node's setup is shown live too: after the recovery's line, before the run it precedes.
+    # The replacement node's setup is shown live too, after the recovery's line. (Not necessarily before the
+    # new generation's first run line: each rank's setup and run logs are read by readers of their own.)
     after = out.split("⟳ RECOVER", 1)[1]
     assert "(setup worker1, rank=1, " in after and "set up on 1" in after, out
-    assert after.index("set up on 1") < after.index("up on 1 gen 1"), out
     assert "pid=?" not in out
     # `ssh <cluster>-worker1` reaches the replacement node, with its host key (not the lost node's).
     nodes = LocalCloud().nodes(kept)

@@ -15,7 +15,11 @@ RunCli = Callable[..., subprocess.CompletedProcess[str]]
 def test_check_prints_the_normalized_mingpt_task(run_cli: RunCli) -> None:
     result = run_cli("check", str(SPEC_DIR / "valid" / "mingpt_ddp.yaml"))
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    # Nothing on stderr but, on a machine without GPUs (CI's), the note that a local launch of its L4:4
+    # nodes would be refused (tests/cli/test_local_gpu_refusal.py).
+    assert [
+        line for line in result.stderr.splitlines() if "accelerators: each node asks for 4" not in line
+    ] == []
     assert yaml.safe_load(result.stdout) == {
         "name": "minGPT-ddp",
         "workdir": ".",

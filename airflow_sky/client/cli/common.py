@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import configparser
 import os
 import re
 import sys
@@ -116,21 +117,13 @@ def check_git_workdir(task: Task) -> None:
 def check_buckets(task: Task, infra: str, *, fatal: bool = True) -> None:
     """The task's bucket mounts on `infra`, checked before anything starts; where airflow-sky's behaviour
     differs from SkyPilot's, one note each on stderr. With `fatal=False` (check), a mount that a launch on
-    `infra` would refuse is a note too. `[sky] default_store` is read as the launch's tasks read it (the
-    environment, then the CLI's airflow.cfg), and only when a bucket without `store` needs it."""
+    `infra` would refuse is a note too. `[sky] default_store` is read as the launch's tasks will read it
+    (the environment, then the CLI's airflow.cfg: cli_sky_setting)."""
     from airflow_sky.infra.local.daemon import check_shared_mounts
-    from airflow_sky.node.settings import sky_setting
-    from airflow_sky.task.storage import (
-        bucket_mounts,
-        default_store,
-        has_bucket_mounts,
-        mount_notes,
-        shared_mount_paths,
-    )
+    from airflow_sky.task.storage import bucket_mounts, default_store, mount_notes, shared_mount_paths
 
     try:
-        needs_setting = default_store(infra) is None and has_bucket_mounts(task)  # Airflow's config: ~2 s
-        configured = sky_setting("default_store") if needs_setting else None
+        configured = cli_sky_setting("default_store") if default_store(infra) is None else None
         mounts = bucket_mounts(task, default_store(infra, configured))
         if infra.split("/", 1)[0] == "local":
             check_shared_mounts(shared_mount_paths(mounts))
@@ -141,3 +134,21 @@ def check_buckets(task: Task, infra: str, *, fatal: bool = True) -> None:
         return
     for note in mount_notes(mounts):
         print(f"airflow-sky: note: {note}", file=sys.stderr)
+
+
+def cli_sky_setting(name: str) -> str | None:
+    """`[sky] <name>` as the launch engine will read it (the environment, then the CLI's own airflow.cfg),
+    without loading Airflow: the engine configures Airflow later, and a configuration loaded before that
+    would keep this shell's AIRFLOW__* settings. Airflow's `_cmd`/`_secret` forms are not read here (the
+    engine's tasks read them: node.settings)."""
+    from airflow_sky.client.engine import private_airflow_home
+
+    value = os.environ.get(f"AIRFLOW__SKY__{name.upper()}")
+    if value is None:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(private_airflow_home() / "airflow.cfg")
+        except configparser.Error:
+            return None  # a broken file: the engine's Airflow says what is wrong with it
+        value = parser.get("sky", name, fallback=None)
+    return (value.strip() or None) if value else None
