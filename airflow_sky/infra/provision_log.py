@@ -105,10 +105,10 @@ class ProvisionLog:
         if self._replaced or not self._flushing.acquire(blocking=wait):
             return
         try:
-            wait = self._last_flush + FLUSH_EVERY_S - time.monotonic()
-            if not force and wait > 0:
+            due_in = self._last_flush + FLUSH_EVERY_S - time.monotonic()
+            if not force and due_in > 0:
                 if self._pending is None:  # the line is written then, even if no other line follows
-                    self._pending = threading.Timer(wait, self._deferred)
+                    self._pending = threading.Timer(due_in, self._deferred)
                     self._pending.daemon = True
                     self._pending.start()
                 return
