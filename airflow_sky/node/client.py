@@ -186,7 +186,11 @@ class NodeClient:
         deadline: float,
     ) -> int:
         channel = self._connection().open_channel(deadline)
-        with channel:  # leaving it closes the channel, which ends a command stopped early
+        with contextlib.ExitStack() as closing:
+            # Leaving closes the channel, which ends a command stopped early. A close on a transport that
+            # died meanwhile has nothing left to do: its EOFError must not replace the error being raised
+            # (a command stopped for printing too much once failed with a bare EOFError under load).
+            closing.callback(_close_quietly, channel)
             channel.settimeout(timeout)
             channel.exec_command(f"bash -c {shlex.quote(command)}")
             if stdin is not None:
@@ -340,3 +344,8 @@ class NodeClient:
                     raise UnsafeRemoteFile(remote_path, "no longer a regular file", self.node.rank)
                 size = opened.st_size or 0
                 yield Bounded(f, size), size
+
+
+def _close_quietly(channel: paramiko.Channel) -> None:
+    with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+        channel.close()
