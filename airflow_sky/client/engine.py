@@ -253,7 +253,7 @@ def run_job(launch: Launch, listener: events.Listener | None = None) -> JobOutco
     task, options = launch.task, launch.options
     raise_open_file_limit(task.num_nodes)
     home = prepare_airflow()
-    from airflow_sky.client.live import LogOrder, NodeLogs, task_events
+    from airflow_sky.client.live import LogOrder, NodeLogs, ends_the_logs, task_events
     from airflow_sky.client.queue_watch import QueueWatch
     from airflow_sky.infra.registry import open_cluster
 
@@ -281,6 +281,8 @@ def run_job(launch: Launch, listener: events.Listener | None = None) -> JobOutco
         # thread may be waiting for it while it holds the logs. Before teardown: the logs go with the nodes.
         if log_order.drain_before(event) and node_logs:
             node_logs[0].drain(reconnect=event.step == "teardown")
+        if ends_the_logs(event) and node_logs:
+            node_logs[0].stop()
         with lock:
             for receive in listeners[:1] if quiet else listeners:
                 receive(event)

@@ -107,6 +107,14 @@ def drains_logs_first(event: Event, first_start: bool) -> bool:
     return event.kind == "task_failed" or (event.kind == "exit" and event.exit_code != 0)
 
 
+def ends_the_logs(event: Event) -> bool:
+    """Whether the node logs are read for the last time before `event`: the teardown's start. The logs go
+    with the nodes, and a reader that still polled would hold SSH sessions open on hosts being handed back:
+    an ssh pool's reset ends every session of the login user and frees the host only once none is left, so
+    a reader reconnecting through it keeps the host locked."""
+    return event.kind == "task_started" and event.step == "teardown"
+
+
 class LogOrder:
     """Which of the task runner's events wait for the node logs to be drained (drains_logs_first)."""
 
@@ -263,8 +271,8 @@ class NodeLogs:
         may take a connect timeout to say so: not for every verdict of a recovery). A read that fails
         leaves the lines to the next pass: the view never fails the run.
         """
-        if threading.current_thread() is self._thread:
-            return  # an event this thread itself told: it reads the logs anyway
+        if threading.current_thread() is self._thread or self._stop.is_set():
+            return  # an event this thread itself told (it reads the logs anyway), or the logs are over
         try:
             for _ in range(100):
                 if not self._pass(final=True, reconnect=reconnect):
@@ -273,10 +281,13 @@ class NodeLogs:
             logger.debug("reading the node logs before an event failed", exc_info=True)
 
     def stop(self) -> None:
-        """Stop after one last pass that reads every log to its current end."""
+        """Stop after one last pass that reads every log to its current end, then close the connections
+        (from the caller's thread; again: nothing)."""
         self._stop.set()
-        self._thread.join(timeout=60)
-        for client in self._clients.values():
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
             client.close()
 
     def _run(self) -> None:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from airflow_sky.client.events import Event
-from airflow_sky.client.live import LogOrder, drains_logs_first
+from airflow_sky.client.live import LogOrder, drains_logs_first, ends_the_logs
 from airflow_sky.infra.local import layout
 from tests.cli.test_launch_cli import _cli, cli_env  # noqa: F401 (a fixture)
 
@@ -101,3 +101,10 @@ def test_only_a_steps_first_start_and_the_verdicts_wait_for_the_logs() -> None:
     # Events the node-log thread itself tells never wait on it.
     assert not drains_logs_first(Event("log", "run_follow", 0, "a line"), first_start=False)
     assert not drains_logs_first(Event("relaunch", "run_follow", None, "recovering"), first_start=False)
+
+
+def test_the_node_logs_are_read_for_the_last_time_when_the_teardown_starts() -> None:
+    # An ssh pool host is freed only once no session of its user is left: a log reader must be gone by then.
+    assert ends_the_logs(Event("task_started", "teardown"))
+    assert not ends_the_logs(Event("task_started", "collect"))
+    assert not ends_the_logs(Event("task_failed", "teardown", None, "failed"))

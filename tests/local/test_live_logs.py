@@ -13,7 +13,7 @@ from airflow_sky.gang.gang_job import GangJob
 from airflow_sky.gang.phases import register_job
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.registry import open_cluster
-from airflow_sky.node.client import NodeClient
+from airflow_sky.node.client import CONNECTIONS, NodeClient
 from airflow_sky.node.jobs import start_job
 
 SCRIPT = """\
@@ -67,6 +67,13 @@ def test_engine_view_streams_rank_0_live_while_rank_1_is_followed_and_shows_each
         view.stop()
         for client in clients.values():
             client.close()
+    # Once stopped (the engine stops it when the teardown starts), the view holds no session on a node and
+    # opens none: an ssh pool host is handed back only once its user has no session left.
+    assert not view._clients  # closed by stop()
+    held = {key: connection.users for key, connection in CONNECTIONS.items()}
+    view.drain(reconnect=True)
+    assert {key: connection.users for key, connection in CONNECTIONS.items()} == held
+    assert not view._clients
 
     texts = [e.text for e in seen]
     first = {key: next(i for i, t in enumerate(texts) if key in t) for key in ("hello from 0", "released")}
