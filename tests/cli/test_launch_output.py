@@ -6,9 +6,13 @@ Real launches on the local infra (2 nodes), through the CLI as a user runs it.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
+from rich.console import Console
+
+from airflow_sky.client.cli.progress import ProgressPrinter
 from airflow_sky.client.events import Event
 from airflow_sky.client.live import LogOrder, drains_logs_first, ends_the_logs
 from airflow_sky.infra.local import layout
@@ -108,3 +112,23 @@ def test_the_node_logs_are_read_for_the_last_time_when_the_teardown_starts() -> 
     assert ends_the_logs(Event("task_started", "teardown"))
     assert not ends_the_logs(Event("task_started", "collect"))
     assert not ends_the_logs(Event("task_failed", "teardown", None, "failed"))
+
+
+def test_the_cause_the_killed_ranks_share_is_printed_once_per_generation() -> None:
+    # At 32 nodes a fail-fast printed 31 identical "✗ killed: rank 7 failed ..." lines.
+    console = Console(file=io.StringIO(), width=200)
+    printer = ProgressPrinter(console)
+    killed = "killed: rank 7 failed with exit code 5"
+    try:
+        printer(Event("exit", "run_follow", 7, "rank 7 failed with exit code 5", exit_code=5))
+        for rank in range(7):
+            printer(Event("exit", "run_follow", rank, killed, exit_code=137))
+        printer(
+            Event("relaunch", "run_follow", None, "node of rank 3 lost; relaunching the job as generation 1")
+        )
+        printer(Event("exit", "run_follow", 0, killed, exit_code=137))
+    finally:
+        printer.close()
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    assert sum(killed in line for line in lines) == 2, lines  # once, and once after the relaunch
+    assert sum("✗ rank 7 failed with exit code 5" in line for line in lines) == 1, lines

@@ -54,6 +54,7 @@ class ProgressPrinter:
         self._headers |= {"provision"} if new_nodes else set()
         self._headers |= {"teardown"} if down else set()
         self._seen_steps: set[str] = set()
+        self._told_exits: set[str] = set()  # one line per verdict: the killed ranks all repeat the cause
         self._done: dict[str, int] = {}
         self._nodes = 0
         self._progress = ProgressLine(console)  # the ranks' reports, as one line (no report line is shown)
@@ -101,13 +102,16 @@ class ProgressPrinter:
         elif event.kind == "queued":
             self.console.print(Text(f"⏳ {event.text}", style="bold yellow"), highlight=False)
         elif event.kind == "relaunch":
+            self._told_exits.clear()  # a new generation's verdicts are news again
             self.console.print(Text(f"⟳ {event.text}", style="bold yellow"), highlight=False)
         elif event.kind == "task_failed" and not event.step.endswith("_follow"):
             first = event.text.splitlines()[0] if event.text else ""
             self.console.print(Text(f"✗ {event.step} failed: {first}", style="red"))
         elif event.kind == "exit" and event.exit_code not in (0, None):
             first = event.text.splitlines()[0] if event.text else str(event.exit_code)
-            self.console.print(Text(f"✗ {first}", style="red"), highlight=False)
+            if first not in self._told_exits:  # each killed rank says "killed: rank R failed ..."
+                self._told_exits.add(first)
+                self.console.print(Text(f"✗ {first}", style="red"), highlight=False)
         self._update_status(event)
 
     def _update_status(self, event: Event) -> None:
