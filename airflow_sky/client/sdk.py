@@ -261,8 +261,9 @@ def down(cluster_name: str) -> None:
     forget(cluster_name)
 
 
-def stop(cluster_name: str) -> None:
+def stop(cluster_name: str) -> bool:
     """Stop every node of a cluster, keeping its disks (`sky stop`); `start` or a launch starts it again.
+    False when every node was stopped already (nothing done).
 
     The nodes stop themselves the way autostop stops them, so only infras with autostop can (local, aws,
     gcp); an ssh pool's hosts are not airflow-sky's to stop.
@@ -270,6 +271,8 @@ def stop(cluster_name: str) -> None:
     from airflow_sky.infra.base import NodeStatus
 
     cluster, nodes = _existing(cluster_name)
+    if nodes and all(n.status is NodeStatus.STOPPED for n in nodes):
+        return False
     try:
         action = cluster.cloud.autostop_action(cluster_name, down=False)
         cluster.cloud.prepare_autostop(cluster_name, down=False)
@@ -287,6 +290,7 @@ def stop(cluster_name: str) -> None:
         if rc != 0:
             raise ClusterError(f"could not stop rank {node.rank}: {err.decode(errors='replace').strip()}")
     _wait_for(cluster, NodeStatus.STOPPED, f"cluster {cluster_name!r} did not stop")
+    return True
 
 
 def start(cluster_name: str) -> None:

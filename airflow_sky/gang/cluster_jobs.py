@@ -81,7 +81,11 @@ class ClusterJobs:
         """Every job of the cluster, oldest first, with unfinished statuses brought up to date; each with
         its `progress` (gang.queue_progress: step, total, percent, rate, eta_s; None when it reports none)."""
         self.nodes  # noqa: B018 - a cluster that does not exist is an error, not an empty queue
-        return [self._with_progress(self.refresh(state)) for state in self.states.all()]
+        return [self._with_progress(self.refresh(state)) for state in self._shown()]
+
+    def _shown(self) -> list[js.JobState]:
+        """The jobs a user sees, oldest first: not the launches that only provisioned (sky submits none)."""
+        return [s for s in self.states.all() if not s.info.get(js.RUNS_NOTHING_KEY)]
 
     def _with_progress(self, state: js.JobState) -> dict[str, Any]:
         record = state.to_record()
@@ -107,7 +111,7 @@ class ClusterJobs:
         """One job's state (the latest job when `job_id` is None), brought up to date."""
         self.nodes  # noqa: B018
         if job_id is None:
-            every = self.states.all()
+            every = self._shown()
             if not every:
                 raise ClusterError(f"cluster {self.cluster.name!r} has no jobs yet")
             return self.refresh(every[-1])

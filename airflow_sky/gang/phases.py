@@ -146,6 +146,9 @@ def register_job(
                 "num_nodes": task.num_nodes,
                 "cluster_name": cluster.name,
                 "infra": cluster.infra,
+                # Neither setup nor run (`launch -c C` alone): it holds the cluster while it is provisioned,
+                # and is no job of the queue, as sky submits none.
+                **({js.RUNS_NOTHING_KEY: True} if task.setup is None and task.run is None else {}),
             },
         )
     except js.ClusterClosing:

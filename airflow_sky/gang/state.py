@@ -253,6 +253,8 @@ def drop_watch(state: JobState, key: str, owner: str) -> JobState:
 # ---- the store -----------------------------------------------------------------------------------------
 
 INDEX = "jobs-index"
+# A job's info key: the launch had neither setup nor run (it provisioned only); not a job of the queue.
+RUNS_NOTHING_KEY = "runs_nothing"
 # A teardown's closing mark older than this (on the store's clock) is one whose teardown died midway.
 CLOSING_STALE_S = 900.0
 

@@ -217,3 +217,30 @@ def test_a_run_whose_teardown_removed_its_uploads_is_not_touched_again(airflow, 
     state.tis[run_id][-1].update(state="success", hostname="w", pid=2)  # the deployment's own removal ran
     assert _cli(url, "queue", env=_bucket_env(s3)).returncode == 0
     assert len(_keys(s3, run_id)) == 2  # (left here by the test: the teardown said it removed them)
+
+
+def test_jobs_cancel_by_name_cancels_that_names_unfinished_jobs_only(airflow):
+    state, url = airflow
+    api = AirflowApi(ApiConfig(url, token="t"))
+    for name in ("train", "eval", "train", "train"):
+        managed_jobs.launch(Task(name, run="true"), api=api)
+    state.runs[0]["state"] = "success"  # an ended job of that name stays as it ended
+
+    cancelled = _cli(url, "cancel", "-n", "train", "-y")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert [r["state"] for r in state.runs] == ["success", "queued", "failed", "failed"]
+    assert "Cancelling managed job 4" in cancelled.stdout and "Cancelling managed job 3" in cancelled.stdout
+    nobody = _cli(url, "cancel", "--name", "nobody")
+    assert nobody.returncode == 1 and "No managed job named 'nobody' to cancel" in nobody.stdout
+    both = _cli(url, "cancel", "2", "-n", "eval")
+    assert both.returncode == 2 and "one of them" in both.stderr, both.stderr
+
+
+def test_jobs_launch_takes_a_command_as_the_task_as_sky_jobs_launch_does(airflow):
+    state, url = airflow
+    launched = _cli(url, "launch", "echo", "hi", "from", "a", "command", "-n", "cmd-job", "-y", "-d")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert "Command to run: echo hi from a command" in launched.stdout
+    (run,) = state.runs
+    assert run["conf"]["task"]["run"] == "echo hi from a command"
+    assert run["conf"]["task"]["name"] == "cmd-job"

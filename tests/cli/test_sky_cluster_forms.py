@@ -186,6 +186,8 @@ def test_down_and_stop_take_glob_patterns_and_all(env, cluster, monkeypatch):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "Cluster forms-g1 stopped." in stopped.stdout and "Cluster forms-g2 stopped." in stopped.stdout
     assert "STOPPED" in _status_row(env, "forms-g2") and "30m" not in _status_row(env, "forms-g1")
+    again = cli(env, "stop", "forms-g2", "-y")  # as sky: said, not done again, and not an error
+    assert again.returncode == 0 and again.stdout == "Cluster forms-g2 is already stopped.\n", again.stdout
     # A started cluster's nodes run no watcher until armed again: its AUTOSTOP says so.
     started = cli(env, "start", "forms-g1")
     assert started.returncode == 0, started.stdout + started.stderr

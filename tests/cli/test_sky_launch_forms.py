@@ -69,6 +69,8 @@ def test_launch_with_no_entrypoint_provisions_the_cluster_and_runs_nothing(
     assert f"✓ Cluster {cluster} is up: 1 node" in again.stdout
     assert "nothing run (no YAML or command given)" in again.stdout
     assert "Summary" not in again.stdout  # no job summary: there was no job to run
+    queue = _cli(cli_env, "queue", cluster)  # as sky's: a launch that ran nothing is no job in the queue
+    assert queue.returncode == 0 and f"Job queue of {cluster}: no jobs." in queue.stdout, queue.stdout
 
 
 def test_exec_runs_a_command_on_the_kept_cluster(cli_env: dict[str, str], cluster: str) -> None:

@@ -186,12 +186,12 @@ def _each_once_confirmed(
     args: argparse.Namespace,
     command: str,
     question: str,
-    act: Callable[[str], None],
+    act: Callable[[str], bool | None],
     done: str,
     start_hint: bool = False,
 ) -> int:
     """`act` on each cluster the arguments mean (names, patterns, --all), once the user said yes (or was
-    not asked). One cluster named: its error is the command's. Several: each one's error is a line, the
+    not asked); `act` returns False for a cluster that was `done` already. One cluster named: its error is the command's. Several: each one's error is a line, the
     others go on, and the exit status says whether any failed; one a pattern or --all found in this
     machine's record that no infra has any more is said to be gone."""
     from airflow_sky.client.cli.cluster_select import select
@@ -207,7 +207,7 @@ def _each_once_confirmed(
     failed = False
     for name in clusters:
         try:
-            act(name)
+            acted = act(name)
         except SkyError as e:
             if isinstance(e, ClusterNotFound) and name in expanded:
                 print(f"Cluster {name} is gone (no infra has it any more).")
@@ -218,6 +218,9 @@ def _each_once_confirmed(
             failed = True
             continue
         hint = f" Start it again with: airflow-sky start {name}" if start_hint else ""
+        if acted is False:  # as sky says of a cluster stopped already, and goes on with the others
+            print(f"Cluster {name} is already {done}.")
+            continue
         print(f"Cluster {name} {done}.{hint}")
     return 1 if failed else 0
 

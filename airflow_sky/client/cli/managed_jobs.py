@@ -32,16 +32,18 @@ def register(subparsers: Any) -> None:
     )
     commands = jobs.add_subparsers(dest="jobs_command", metavar="COMMAND", required=True)
 
+    from airflow_sky.client.cli.arguments import add_entrypoint
     from airflow_sky.client.cli.launch import add_task_overrides
 
-    launch = commands.add_parser("launch", help="submit a task YAML as a managed job and follow its logs")
-    launch.add_argument("file", metavar="FILE.yaml", help="the task YAML")
+    launch = commands.add_parser(
+        "launch", help="submit a task YAML (or a command) as a managed job and follow its logs"
+    )
+    add_entrypoint(launch, required=True)  # a YAML or `'python train.py'`, with -n/--workdir/--ports
     launch.add_argument(
         "-c",
         "--cluster",
         help="cluster name: <your user>--<name>, or one the deployment shares (default: one per job)",
     )
-    launch.add_argument("-n", "--name", help="override the task's name")
     launch.add_argument("--keep", action="store_true", help="keep the cluster after the job (default: down)")
     launch.add_argument("-d", "--detach", action="store_true", help="print the job id and return")
     launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
@@ -67,6 +69,7 @@ def register(subparsers: Any) -> None:
 
     cancel = commands.add_parser("cancel", help="stop managed jobs and their nodes")
     cancel.add_argument("job_ids", nargs="*", metavar="JOB_ID", help="the jobs' ids or run ids (jobs queue)")
+    cancel.add_argument("-n", "--name", help="cancel the managed jobs of this name that have not ended")
     cancel.add_argument("-a", "--all", action="store_true", help="cancel every managed job not ended")
     cancel.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation (-a asks)")
     cancel.set_defaults(handler=_cancel)
@@ -75,6 +78,7 @@ def register(subparsers: Any) -> None:
 def _launch(args: argparse.Namespace) -> int:
     from airflow_sky.client import managed_jobs
     from airflow_sky.client.cli.launch import task_with_overrides
+    from airflow_sky.client.cli.launch_entry import resolve_entrypoint, warn_ignored_for_pipeline
     from airflow_sky.client.cli.pipeline_launch import load_pipeline_args
     from airflow_sky.task.pipeline import is_pipeline_file
 
@@ -84,7 +88,11 @@ def _launch(args: argparse.Namespace) -> int:
     progress = UploadProgressBar(Console(stderr=True, highlight=False))
     # Checked here: a bad task never reaches Airflow.
     try:
-        if is_pipeline_file(args.file):
+        entry = resolve_entrypoint(args)
+        if entry.command is not None:
+            print(f"Command to run: {entry.command}")  # as sky says what it took the words for
+        if args.file is not None and is_pipeline_file(args.file):
+            warn_ignored_for_pipeline(args)
             if args.cluster or args.num_nodes is not None:
                 raise SpecError(
                     "-c/--num-nodes: a pipeline's tasks each get a cluster of their own and name their node counts"
@@ -96,9 +104,7 @@ def _launch(args: argparse.Namespace) -> int:
             what = f"pipeline {pipeline.name}, {len(pipeline.tasks)} tasks in order"
         else:
             # The deployed Airflow's workers run it: a key path of this machine means nothing there.
-            task = task_with_overrides(args, worker_is_here=False)
-            if args.name:
-                task.name = args.name
+            task = task_with_overrides(args, worker_is_here=False)  # with -n/--workdir/--ports
             job_id = managed_jobs.launch(
                 task,
                 infra=args.infra or task.resources.infra,
@@ -321,9 +327,14 @@ def _cancel(args: argparse.Namespace) -> int:
     from airflow_sky.client import managed_jobs
     from airflow_sky.client.managed_ids import parse_job_id
 
-    if args.all == bool(args.job_ids):
-        raise SpecError("jobs cancel: give the job ids (JOB_ID ...) or -a/--all, one of the two")
+    if sum((bool(args.job_ids), args.all, args.name is not None)) != 1:
+        raise SpecError("jobs cancel: give the job ids (JOB_ID ...), -n/--name NAME or -a/--all, one of them")
     job_ids: list[int | str] = [parse_job_id(given) for given in args.job_ids]
+    if args.name is not None:  # as sky: every job of that name not ended yet
+        job_ids = [_handle(job) for job in managed_jobs.unfinished() if job.name == args.name]
+        if not job_ids:
+            print(f"No managed job named {args.name!r} to cancel (see `airflow-sky jobs queue`).")
+            return 1
     if args.all:
         job_ids = [_handle(job) for job in managed_jobs.unfinished()]
         if not job_ids:
