@@ -152,12 +152,11 @@ class DirectRun:
 
     def _sync(self, node: Node) -> None:
         from airflow_sky.node.files import upload_task_files
-        from airflow_sky.task.container import ContainerSpec
+        from airflow_sky.task.container import inherited_container
 
         handle, task = self.handle, self.launch.task
         assert handle is not None
-        image = handle.container_image
-        container = ContainerSpec(image) if image and task.container is None else None
+        container = inherited_container(task.container, handle.container_image)  # as the sync task's
         with self.cluster.client(node) as client:
             upload_task_files(
                 client, task, self.log, None, git_commit=handle.git_commit, container=container,

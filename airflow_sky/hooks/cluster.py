@@ -39,7 +39,7 @@ from airflow_sky.node import artifacts, buckets
 from airflow_sky.node.files import UploadResult, upload_task_files
 from airflow_sky.node.settings import sky_setting
 from airflow_sky.task import Task
-from airflow_sky.task.container import ContainerSpec
+from airflow_sky.task.container import inherited_container
 from airflow_sky.task.storage import (
     BucketMount,
     bucket_mounts,
@@ -177,7 +177,7 @@ class SkyClusterHook(BaseHook):
     ) -> UploadResult:
         """The workdir and local file_mounts onto `node`; then the node copies or mounts its buckets and
         starts the cluster's container (`container_image`, when the job's task names none itself)."""
-        container = ContainerSpec(container_image) if container_image and task.container is None else None
+        container = inherited_container(task.container, container_image)
         with self.cluster.client(node) as client:
             return upload_task_files(
                 client,

@@ -158,3 +158,10 @@ def cluster_container(handle: Any) -> ContainerSpec | None:
     a lost one, or a node of a job whose task names no image on a cluster that runs one."""
     image = getattr(handle, "container_image", None)
     return ContainerSpec(image=image) if image else None
+
+
+def inherited_container(own: ContainerSpec | None, pinned_image: str | None) -> ContainerSpec | None:
+    """The container a sync starts for a task that names none (`own`) on a cluster whose job state pins an
+    image: every later job of a kept cluster runs in the same container. None when the task names its own
+    (the sync starts that one) or the cluster runs none."""
+    return ContainerSpec(image=pinned_image) if pinned_image and own is None else None

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_sky.errors import SpecError
 from airflow_sky.task import SpecWarning, Task
-from airflow_sky.task.container import ContainerSpec, RegistryLogin, registry_login
+from airflow_sky.task.container import ContainerSpec, RegistryLogin, inherited_container, registry_login
 
 
 def _task(resources: dict | None = None, **fields: object) -> Task:
@@ -82,3 +82,12 @@ def test_the_registry_login_comes_from_skypilots_envs_and_never_shows_the_passwo
         SpecError, match="SKYPILOT_DOCKER_PASSWORD is empty but SKYPILOT_DOCKER_USERNAME is set"
     ):
         registry_login({"SKYPILOT_DOCKER_USERNAME": "me"})
+
+
+def test_a_task_without_an_image_runs_in_the_container_its_cluster_pins_and_its_own_image_wins() -> None:
+    own = ContainerSpec(image="registry.example/own:1")
+    assert inherited_container(None, "registry.example/pinned:2") == ContainerSpec(
+        image="registry.example/pinned:2"
+    )
+    assert inherited_container(own, "registry.example/pinned:2") is None  # the sync starts the task's own
+    assert inherited_container(None, None) is None
