@@ -69,6 +69,7 @@ def test_launch_with_no_entrypoint_provisions_the_cluster_and_runs_nothing(
     assert f"✓ Cluster {cluster} is up: 1 node" in again.stdout
     assert "nothing run (no YAML or command given)" in again.stdout
     assert "Summary" not in again.stdout  # no job summary: there was no job to run
+    assert "Job " not in again.stdout and "Launching the run" not in again.stdout, again.stdout
     queue = _cli(cli_env, "queue", cluster)  # as sky's: a launch that ran nothing is no job in the queue
     assert queue.returncode == 0 and f"Job queue of {cluster}: no jobs." in queue.stdout, queue.stdout
 

@@ -149,6 +149,7 @@ def _run(
         down=options.down,
         new_nodes=not options.must_exist,
         setup=bool(options.setup and task.setup is not None),
+        runs_nothing=provision_only,
     )
     job: dict[str, Any] = {}
     queued: dict[str, Any] = {}  # the job while it waits in the cluster's queue (before the `job` event)

@@ -35,11 +35,17 @@ class ProgressPrinter:
     """Listener for engine events: node-prefixed log lines, phase headers, a live status on a terminal."""
 
     def __init__(
-        self, console: Console, down: bool = True, new_nodes: bool = True, setup: bool = True
+        self,
+        console: Console,
+        down: bool = True,
+        new_nodes: bool = True,
+        setup: bool = True,
+        runs_nothing: bool = False,
     ) -> None:
         """`down`: the cluster goes down after the job (else "Tearing down" is never shown); `new_nodes`:
         the launch may provision (an exec only uses the nodes there are); `setup`: the job runs a setup
-        (each node's sync task starts it)."""
+        (each node's sync task starts it); `runs_nothing`: `launch -c C` alone (the cluster is the point:
+        no job is named, no phase but provisioning is announced)."""
         self.console = console
         self._titles = dict(_STEP_TITLES)
         if setup:
@@ -50,9 +56,10 @@ class ProgressPrinter:
             self._titles["provision"] = "Checking the cluster's nodes"
         # A phase's header comes with the task that starts its scripts (sync starts setup, launch the run):
         # node lines are read from then on.
-        self._headers = {"sync", "launch"}
+        self._headers = {"sync", "launch"} if not runs_nothing else set()
         self._headers |= {"provision"} if new_nodes else set()
         self._headers |= {"teardown"} if down else set()
+        self._runs_nothing = runs_nothing
         self._seen_steps: set[str] = set()
         self._told_exits: set[str] = set()  # one line per verdict: the killed ranks all repeat the cause
         self._done: dict[str, int] = {}
@@ -75,15 +82,16 @@ class ProgressPrinter:
             nodes = event.data["nodes"]
             self._nodes = len(nodes)
             ips = ", ".join(n["internal_ip"] for n in nodes)
-            self.console.print(
-                Text.assemble(
-                    (f"Job {event.data['job_id']}", "bold"),
-                    " on cluster ",
-                    (str(event.data["cluster_name"]), "bold"),
-                    f" ({event.data['infra']}): {len(nodes)} nodes ({ips})",
-                ),
-                highlight=False,
-            )
+            if not self._runs_nothing:  # (a launch that runs nothing says its cluster at its end)
+                self.console.print(
+                    Text.assemble(
+                        (f"Job {event.data['job_id']}", "bold"),
+                        " on cluster ",
+                        (str(event.data["cluster_name"]), "bold"),
+                        f" ({event.data['infra']}): {len(nodes)} node{'s' if len(nodes) != 1 else ''} ({ips})",
+                    ),
+                    highlight=False,
+                )
         elif event.kind == "task_started" and event.step not in self._seen_steps:
             self._seen_steps.add(event.step)
             if event.step in self._headers:
