@@ -10,8 +10,12 @@ from airflow_sky.infra.local import daemon
 from airflow_sky.infra.local.cloud import LocalCloud
 from tests.cli.test_launch_cli import PROBE, _cli, cli_env  # noqa: F401 - the module's CLI environment
 
+# The watchers' round: -i 0 is raised to two of them (30 s). Shorter, and a loaded machine's gap between the
+# provision task (which arms the watchers) and the sync task (11 s once in CI) stopped the nodes under the DAG.
+CHECK_S = "15"
 
-def _wait_for_statuses(cluster: str, expected: list[NodeStatus], timeout: float = 30) -> None:
+
+def _wait_for_statuses(cluster: str, expected: list[NodeStatus], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if [n.status for n in LocalCloud().nodes(cluster)] == expected:
@@ -33,7 +37,7 @@ def test_idle_minutes_with_down_leaves_the_cluster_to_end_itself_once_idle(
 ) -> None:
     task = tmp_path / "probe.yaml"
     task.write_text(PROBE)
-    env = {**cli_env, "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "3"}  # -i 0: stops 6 s (two rounds) after the job
+    env = {**cli_env, "AIRFLOW_SKY_AUTOSTOP_CHECK_S": CHECK_S}  # -i 0: stops 30 s (two rounds) after the job
     result = _cli(env, "launch", "-c", "idle-down", str(task), "-y", "-i", "0", "--down")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "hi there from rank 1 of 2" in result.stdout
@@ -47,11 +51,11 @@ def test_idle_minutes_without_down_stops_the_nodes_and_the_next_launch_starts_th
 ) -> None:
     task = tmp_path / "probe.yaml"
     task.write_text(PROBE.replace('echo "$GREETING', 'cat ~/mark 2>/dev/null; touch ~/mark; echo "$GREETING'))
-    env = {**cli_env, "AIRFLOW_SKY_AUTOSTOP_CHECK_S": "3"}
+    env = {**cli_env, "AIRFLOW_SKY_AUTOSTOP_CHECK_S": CHECK_S}
     first = _cli(env, "launch", "-c", "idle-stop", str(task), "-y", "-i", "0")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    # The limit printed is the one the watchers apply: two of their 3 s rounds, not the 0 asked for.
-    assert "its nodes stop themselves after 6 idle seconds (-i 0 is raised to the shortest" in first.stdout
+    # The limit printed is the one the watchers apply: two of their 15 s rounds, not the 0 asked for.
+    assert "its nodes stop themselves after 30 idle seconds (-i 0 is raised to the shortest" in first.stdout
     _wait_for_statuses("idle-stop", [NodeStatus.STOPPED, NodeStatus.STOPPED])
     assert "STOPPED" in _cli(env, "status", "idle-stop").stdout
     # An exec on the stopped cluster is pointed at `start` (its nodes keep their setup), not at a launch.

@@ -63,8 +63,11 @@ envs:
 secrets:
   TOKEN: null
 setup: |
-  # A replacement node's setup takes a while: long enough for `jobs queue` to see the recovery.
-  if [ -f "$PROBE/launched" ]; then sleep 8; fi
+  # A replacement node's setup holds the job in RECOVERING until `jobs queue` was seen to say so (at most
+  # 300 s): a fixed sleep of 8 s was shorter than one `jobs queue` call on a loaded CI machine.
+  if [ -f "$PROBE/launched" ]; then
+    for i in $(seq 1 600); do [ -f "$PROBE/recovering-seen" ] && break; sleep 0.5; done
+  fi
 run: |
   echo "rank $SKYPILOT_NODE_RANK gen $AIRFLOW_SKY_RECOVERY_COUNT token=$TOKEN"
   echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> "$PROBE/starts"
@@ -234,6 +237,8 @@ def scenario(
         status = _queue(env).get(job_id, "?")
         if not seen or seen[-1] != status:
             seen.append(status)
+        if status == "RECOVERING":
+            (probe / "recovering-seen").write_text("")  # the replacement's setup may go on
         return status in ("SUCCEEDED", "FAILED", "CANCELLED", "FAILED_SETUP")
 
     _until("the first job to end", ended, 420, report, poll_s=0.5)
