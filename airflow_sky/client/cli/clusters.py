@@ -191,9 +191,10 @@ def _each_once_confirmed(
     start_hint: bool = False,
 ) -> int:
     """`act` on each cluster the arguments mean (names, patterns, --all), once the user said yes (or was
-    not asked); `act` returns False for a cluster that was `done` already. One cluster named: its error is the command's. Several: each one's error is a line, the
-    others go on, and the exit status says whether any failed; one a pattern or --all found in this
-    machine's record that no infra has any more is said to be gone."""
+    not asked); `act` returns False for a cluster that was `done` already. One cluster named: its error is
+    the command's. Several: each one's error is a line, the others go on, and the exit status says whether
+    any failed; one a pattern or --all found in this machine's record that no infra has any more is said to
+    be gone."""
     from airflow_sky.client.cli.cluster_select import select
     from airflow_sky.client.cluster_search import ClusterNotFound
 
