@@ -43,6 +43,7 @@ def test_idle_minutes_with_down_leaves_the_cluster_to_end_itself_once_idle(
     assert "hi there from rank 1 of 2" in result.stdout
     _wait_for_statuses("idle-down", [])  # no teardown ran: the nodes ended themselves
     _wait_for_no_processes("idle-down")
+    assert "idle-down" not in LocalCloud().clusters()  # its node dirs went with the nodes
 
 
 def test_idle_minutes_without_down_stops_the_nodes_and_the_next_launch_starts_them_again(

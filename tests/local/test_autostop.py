@@ -13,7 +13,7 @@ import pytest
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra.base import NodeStatus, ProvisionRequest
-from airflow_sky.infra.local import daemon
+from airflow_sky.infra.local import daemon, layout
 from airflow_sky.infra.local.cloud import LocalCloud
 from airflow_sky.node.autostop import NodeAutostop, arm_command, disarm_command, status_command
 from airflow_sky.node.client import NodeClient
@@ -64,6 +64,11 @@ def test_a_running_job_and_airflows_polls_keep_the_node_up_and_autodown_then_end
         assert _status(cluster) == [NodeStatus.RUNNING], "a node must not stop while Airflow uses it"
     _wait_for(lambda: _status(cluster) == [], 15, "the abandoned node ends itself")
     assert time.monotonic() - last_poll >= 1.0  # the 2 s limit, counted from the last poll (mtimes: 1 s)
+    # Nothing of it stays: its server removes its dir on the way out, also from inside its own mount
+    # namespace (CI, as root), and a cluster all of whose nodes ended is no cluster any more.
+    _wait_for(lambda: daemon.processes_with_marker(cluster) == [], 10, "the node's server exits")
+    assert not any(layout.instances_dir(cluster).iterdir())
+    assert cluster not in LocalCloud().clusters()
 
 
 def test_even_a_zero_limit_waits_two_rounds_so_gaps_between_a_dags_tasks_never_stop_a_node(

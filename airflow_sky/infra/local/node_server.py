@@ -229,8 +229,10 @@ def _own_tmp(node_dir: Path, record: dict[str, Any], isolated: bool) -> tuple[Pa
     """Give the node a /tmp of its own; returns the node dir as still reachable, and the node's TMPDIR.
 
     In its own mount namespace the node's tmp dir is bind-mounted over /tmp. The node dir may itself lie
-    under /tmp (a state root there): it is opened first and reached through /proc/self/fd from then on.
-    Without namespaces, TMPDIR points at the node's tmp dir.
+    under /tmp (a state root there): its parent is opened first and the node dir reached through
+    /proc/self/fd from then on (through the parent, not as the fd itself: that is a symlink, which rmtree
+    refuses, and an autodown must remove the node dir). Without namespaces, TMPDIR points at the node's tmp
+    dir.
     """
     tmp = record.get("tmp")
     if not tmp:
@@ -238,7 +240,9 @@ def _own_tmp(node_dir: Path, record: dict[str, Any], isolated: bool) -> tuple[Pa
     Path(tmp).mkdir(mode=0o700, parents=True, exist_ok=True)
     if not isolated:
         return node_dir, str(tmp)
-    reachable = Path(f"/proc/self/fd/{os.open(node_dir, os.O_RDONLY | os.O_DIRECTORY)}")
+    absolute = Path(os.path.abspath(node_dir))
+    parent = os.open(absolute.parent, os.O_RDONLY | os.O_DIRECTORY)
+    reachable = Path(f"/proc/self/fd/{parent}") / absolute.name
     software = _software_under_tmp()
     host_tmp = Path(f"{tmp}.host")  # the machine's /tmp, seen for a moment beside the node's
     host_tmp.mkdir(mode=0o700, exist_ok=True)
