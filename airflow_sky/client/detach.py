@@ -123,6 +123,7 @@ def main() -> int:
     spec = json.loads(sys.stdin.buffer.read())
     from airflow_sky.client.cluster_lookup import forget
     from airflow_sky.gang.detached import drive
+    from airflow_sky.gang.lifecycle import run_hooks
     from airflow_sky.infra.registry import open_cluster
 
     handle = JobHandle.from_dict(spec["handle"])
@@ -134,6 +135,7 @@ def main() -> int:
     finally:
         if launch.options.down:
             logging.info("Taking cluster %s down, as the launch asked (--down)", handle.cluster_name)
+            run_hooks(cluster, "down", logging.info, launch.task, handle.job_id)
             cluster.terminate()
             forget(handle.cluster_name)
             logging.info("Cluster %s is down", handle.cluster_name)

@@ -7,6 +7,7 @@ and cancel read and act on the cluster itself (its job state, kept by the infra,
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import sys
@@ -28,6 +29,7 @@ from airflow_sky.client.events import Event
 from airflow_sky.client.sdk_jobs import (
     cancel,
     download_logs,
+    hook_logs,
     job_progress,
     job_status,
     logs_dir,
@@ -39,6 +41,7 @@ from airflow_sky.errors import ClusterError, SpecError
 from airflow_sky.gang.job import JobHandle
 from airflow_sky.task import Task
 
+_hooks_log = logging.getLogger("airflow_sky.hooks")  # lifecycle hooks' output where no caller takes it
 if TYPE_CHECKING:  # these load Airflow, which engine.prepare_airflow must configure first
     from airflow_sky.infra.base import Node
     from airflow_sky.infra.cluster import Cluster
@@ -54,6 +57,7 @@ __all__ = [
     "endpoints",
     "exec",
     "forget",
+    "hook_logs",
     "infra_of",
     "job_progress",
     "job_status",
@@ -254,20 +258,21 @@ def _handle_of(outcome: JobOutcome) -> tuple[int | None, JobHandle | None]:
     return outcome.job_id, outcome.handle
 
 
-def down(cluster_name: str) -> None:
-    """Terminate every node of the cluster and forget its ssh entries."""
+def down(cluster_name: str, log: Callable[[str], None] = _hooks_log.info) -> None:
+    """Terminate every node of the cluster, its `down` hooks first (output to `log`); forget its ssh entries."""
+    from airflow_sky.gang.lifecycle import run_hooks
+
     cluster, _ = _existing(cluster_name)
+    run_hooks(cluster, "down", log)
     cluster.terminate()
     forget(cluster_name)
 
 
-def stop(cluster_name: str) -> bool:
-    """Stop every node of a cluster, keeping its disks (`sky stop`); `start` or a launch starts it again.
-    False when every node was stopped already (nothing done).
-
-    The nodes stop themselves the way autostop stops them, so only infras with autostop can (local, aws,
-    gcp); an ssh pool's hosts are not airflow-sky's to stop.
-    """
+def stop(cluster_name: str, log: Callable[[str], None] = _hooks_log.info) -> bool:
+    """Stop every node of a cluster, keeping its disks (`sky stop`), its `stop` hooks first (output to
+    `log`); `start` or a launch starts it again. False when every node was stopped already (nothing done).
+    The nodes stop themselves as autostop stops them: only infras with autostop can (local, aws, gcp)."""
+    from airflow_sky.gang.lifecycle import run_hooks
     from airflow_sky.infra.base import NodeStatus
 
     cluster, nodes = _existing(cluster_name)
@@ -282,6 +287,7 @@ def stop(cluster_name: str) -> bool:
             f"({_first_clause(e)}); end it with: airflow-sky down {cluster_name}"
         ) from e
     running = [n for n in nodes if n.status is NodeStatus.RUNNING]
+    run_hooks(cluster, "stop", log, nodes=running)
     for node in running:
         with cluster.client(node) as client:
             rc, _, err = client.exec(

@@ -95,6 +95,14 @@ def tail_provision_logs(
     return 0
 
 
+def hook_logs(cluster_name: str) -> list[dict[str, Any]]:
+    """The cluster's lifecycle hook runs as its state store keeps them (`logs --hook`), oldest first: each
+    {event, at, job_id, results: [{hook, rank, exit_code, seconds, timed_out, output, error}]}."""
+    from airflow_sky.gang.lifecycle import hook_runs
+
+    return hook_runs(cluster_of(cluster_name))
+
+
 def logs_dir() -> Path:
     """Where `download_logs` writes: ~/sky_logs, as SkyPilot's `sky logs --sync-down`."""
     return Path(os.path.expanduser("~/sky_logs"))

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_sky.errors import ClusterError, JobFailed, RemoteError
+from airflow_sky.gang import lifecycle
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job import JobHandle, JobStatus, Phase
 from airflow_sky.infra.base import Node, NodeStatus
@@ -149,6 +150,7 @@ def register_job(
                 # Neither setup nor run (`launch -c C` alone): it holds the cluster while it is provisioned,
                 # and is no job of the queue, as sky submits none.
                 **({js.RUNS_NOTHING_KEY: True} if task.setup is None and task.run is None else {}),
+                **lifecycle.hook_info(task),  # config.hooks: run by stop and down, which have no task
             },
         )
     except js.ClusterClosing:

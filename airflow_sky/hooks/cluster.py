@@ -19,6 +19,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
 from airflow_sky.errors import SkyError
+from airflow_sky.gang import lifecycle
 from airflow_sky.gang.cluster_down import Release, release_cluster
 from airflow_sky.gang.cluster_jobs import wait_in_queue
 from airflow_sky.gang.gang_job import GangJob
@@ -40,6 +41,7 @@ from airflow_sky.node.files import UploadResult, upload_task_files
 from airflow_sky.node.settings import sky_setting
 from airflow_sky.task import Task
 from airflow_sky.task.container import inherited_container
+from airflow_sky.task.hooks import HookEvent
 from airflow_sky.task.storage import (
     BucketMount,
     bucket_mounts,
@@ -163,6 +165,16 @@ class SkyClusterHook(BaseHook):
 
     def terminate(self) -> None:
         self.cluster.terminate()
+
+    def run_lifecycle_hooks(
+        self,
+        event: HookEvent,
+        log: Callable[[str], None],
+        task: Task | None = None,
+        job_id: int | None = None,
+    ) -> None:
+        """The cluster's `config.hooks` for `event` on its running nodes (warnings, never an error)."""
+        lifecycle.run_hooks(self.cluster, event, log, task, job_id)
 
     # ---- files -----------------------------------------------------------------------------------------
 

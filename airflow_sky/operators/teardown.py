@@ -55,6 +55,8 @@ class SkyTeardownOperator(SkyBaseOperator):
                 "Cluster %s is already being torn down by job %d's teardown", name, release.closing_by
             )
         try:
+            # The down hooks first: they may save to the mounted buckets, whose uploads finish next.
+            hook.run_lifecycle_hooks("down", self.log.info, self.sky_task, handle.job_id)
             # Before the nodes go; with the buckets of jobs whose teardown left the cluster to this one.
             hook.release_buckets(handle, self.sky_task, self.log.info, also=release.deferred)
         finally:

@@ -112,10 +112,10 @@ def docker_config(config: Any) -> Mapping[str, Any]:
 
 
 def inert_config_paths(config: Any) -> list[str]:
-    """The parts of a task's `config` that are parsed but not acted on (everything but docker.run_options)."""
+    """The parts of a task's `config` that are parsed but not acted on (all but docker.run_options, hooks)."""
     if not isinstance(config, dict):
         return []
-    paths = [f"config.{key}" for key in config if key != "docker"]
+    paths = [f"config.{key}" for key in config if key not in ("docker", "hooks")]
     docker = config.get("docker")
     if isinstance(docker, dict):
         paths += [f"config.docker.{key}" for key in docker if key != "run_options"]

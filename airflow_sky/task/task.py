@@ -21,6 +21,7 @@ from airflow_sky.task.diagnostics import (
     unknown_field_message,
 )
 from airflow_sky.task.env_values import checked_env_values, env_scalars_as_strings, env_values
+from airflow_sky.task.hooks import LifecycleHook, hooks_config, parse_hooks
 from airflow_sky.task.job_recovery import JobRecovery
 from airflow_sky.task.loading import LoadOptions, checked_options, file_options, refuse_internal, script
 from airflow_sky.task.mounts import FileMountSource, StorageMount, parse_file_mounts
@@ -187,6 +188,7 @@ class Task:
             raise SpecError(self.hide_secrets(str(e))) from None
         try:
             self.container  # noqa: B018 - validated now, so a bad image fails at load time
+            self.hooks  # noqa: B018 - and bad lifecycle hooks
         except SpecError as e:
             raise SpecError(f"{ctx.source}: {e}") from None
         for key in self.extra_fields:
@@ -289,6 +291,11 @@ class Task:
     def container(self) -> ContainerSpec | None:
         """The image every node runs the job in (`image_id: docker:<image>`), None: on the node itself."""
         return container_spec(self.resources.image_id, self.extra_fields.get("config"))
+
+    @property
+    def hooks(self) -> tuple[LifecycleHook, ...]:
+        """The lifecycle hooks (`config.hooks`) that run on stop, preemption and down."""
+        return parse_hooks(hooks_config(self.extra_fields.get("config")))
 
     @property
     def job_recovery(self) -> JobRecovery:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO, cast
 
+from airflow_sky.client.cli.hook_logs import print_hook_runs
 from airflow_sky.client.cli.job_table import failure_of, queue_table
 from airflow_sky.client.cli.tables import terminal_console
 from airflow_sky.errors import ClusterError, SpecError
@@ -51,6 +52,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="print the node logs as written, @@airflow-sky-progress/1 lines included (by default they are "
         "left out and the job's progress is one 'progress:' line)",
+    )
+    logs.add_argument(
+        "--hook",
+        action="store_true",
+        help="print what the cluster's lifecycle hooks (config.hooks) printed on their stop and preemption "
+        "runs, and how each ended; no job id (as sky logs --hook)",
     )
     logs.add_argument(
         "--provision",
@@ -143,6 +150,10 @@ def _logs(args: argparse.Namespace) -> int:
         raise SpecError(
             "--raw: only for a job's node logs; it cannot be combined with --provision, --sync-down or --status"
         )
+    if args.hook:
+        if args.job_id is not None or args.provision or args.sync_down or args.status:
+            raise SpecError("--hook cannot be combined with a job id, --provision, --sync-down or --status")
+        return print_hook_runs(sdk.hook_logs(args.cluster), args.cluster)
     if args.provision:
         if args.job_id is not None or args.sync_down or args.status:
             raise SpecError("--provision cannot be combined with a job id, --sync-down or --status")

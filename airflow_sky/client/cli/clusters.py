@@ -169,7 +169,7 @@ def _down(args: argparse.Namespace) -> int:
         args,
         "down",
         "Terminating cluster(s) {clusters}: their nodes and disks are deleted.",
-        sdk.down,
+        lambda name: sdk.down(name, log=_say),
         "terminated",
     )
 
@@ -178,8 +178,18 @@ def _stop(args: argparse.Namespace) -> int:
     from airflow_sky.client import sdk
 
     return _each_once_confirmed(
-        args, "stop", "Stopping cluster(s) {clusters} (disks are kept).", sdk.stop, "stopped", start_hint=True
+        args,
+        "stop",
+        "Stopping cluster(s) {clusters} (disks are kept).",
+        lambda name: sdk.stop(name, log=_say),
+        "stopped",
+        start_hint=True,
     )
+
+
+def _say(line: str) -> None:
+    """A lifecycle hook's line (its output, its verdict), as it comes."""
+    print(line, flush=True)
 
 
 def _each_once_confirmed(
