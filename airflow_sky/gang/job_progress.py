@@ -14,7 +14,7 @@ view, `airflow-sky queue`, the SDK and the job's final XCom show (PROGRESS_VERSI
      "ranks": [{"rank", "generation", "process", "step", "total", "rate", "metrics", "updated_at", "age_s",
                 "stale", "history": [[time, step, generation, {metric: value}], ...]}],
      "recoveries": [{"generation", "action", "reason", "ranks", "fault_at", "at", "resumed_at",
-                     "lost_s", "steps_redone"}]}
+                     "lost_s", "steps_redone", "notice_at"?, "preempt_at"?}]}
 
 The job's step is its slowest rank's (a DDP step is done when every rank did it), and so are its rate and
 ETA. Everything here is pure; gang.progress_store keeps the records and collects them while following.
@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_sky.gang.state_record import JobState
+from airflow_sky.gang.state_record import NOTICES_INFO_KEY, JobState
 from airflow_sky.progress import MAX_METRICS, Report
 
 PROGRESS_VERSION = 1
@@ -265,12 +265,38 @@ def recoveries(state: JobState, ranks: Mapping[int, RankProgress], now: float) -
                 "at": at,
                 "resumed_at": resumed_at,
                 "lost_s": max(0.0, lost),
-                "steps_redone": max(0, reached - restart_step)
+                "steps_redone": _redone(ranks, generation)
                 if reached is not None and restart_step is not None
                 else None,
+                **_notice(state, generation - 1),
             }
         )
     return out
+
+
+def _redone(ranks: Mapping[int, RankProgress], generation: int) -> int:
+    """The steps generation `generation` did again: per rank, from where it resumed to where it had been
+    (DDP ranks move in lockstep, so this is the job's; ranks that resume from checkpoints of their own may
+    not), the most of any rank that reported in both generations."""
+    redone = [
+        max(p.step for p in mine if p.generation == generation - 1)
+        - min(p.step for p in mine if p.generation == generation)
+        for mine in (r.history for r in ranks.values())
+        if any(p.generation == generation - 1 for p in mine) and any(p.generation == generation for p in mine)
+    ]
+    return max([0, *redone])
+
+
+def _notice(state: JobState, generation: int) -> dict[str, Any]:
+    """A recovery's preemption notice (the infra's, recorded by the watcher): when it was seen and when the
+    node was to go; nothing for a loss without one."""
+    notices = [n for n in state.info.get(NOTICES_INFO_KEY) or () if n.get("generation") == generation]
+    if not notices:
+        return {}
+    return {
+        "notice_at": min(float(n.get("seen_at") or 0) for n in notices),
+        "preempt_at": min(float(n.get("preempt_at") or 0) for n in notices),
+    }
 
 
 def _back_at(ranks: Mapping[int, RankProgress], generation: int, step: int) -> float | None:
@@ -300,7 +326,11 @@ def final_metrics(doc: Mapping[str, Any]) -> dict[str, Any]:
             {"rank": r["rank"], "step": r["step"], "metrics": r["metrics"]} for r in doc.get("ranks") or ()
         ],
         "recoveries": [
-            {k: v for k, v in r.items() if k in ("generation", "action", "ranks", "lost_s", "steps_redone")}
+            {
+                k: v
+                for k, v in r.items()
+                if k in ("generation", "action", "ranks", "lost_s", "steps_redone", "notice_at", "preempt_at")
+            }
             for r in doc.get("recoveries") or ()
         ],
     }

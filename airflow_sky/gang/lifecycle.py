@@ -28,10 +28,13 @@ from airflow_sky.gang import state as js
 from airflow_sky.infra.base import Node, NodeStatus
 from airflow_sky.node import jobs
 from airflow_sky.node.container import container_name
+from airflow_sky.node.notice import HOOKS_DIR, NoticeWatch
+from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.task import envs
 from airflow_sky.task.hooks import HookEvent, LifecycleHook, for_event, hook_env, hooks_from_dicts
 
 if TYPE_CHECKING:
+    from airflow_sky.gang.job import JobHandle
     from airflow_sky.infra.cluster import Cluster
     from airflow_sky.task import Task
 
@@ -49,6 +52,19 @@ def hook_info(task: Task) -> dict[str, Any]:
     if not task.hooks:
         return {}
     return {HOOKS_INFO_KEY: [h.to_dict() for h in task.hooks], HOOK_ENVS_INFO_KEY: dict(task.envs)}
+
+
+def notice_watch(cluster: Cluster, task: Task) -> dict[str, Any]:
+    """`start_job`'s arguments for a run that acts on its node's preemption notice (node.notice): the
+    infra's check and the task's preemption hooks; nothing where the infra gives no notice."""
+    check = cluster.cloud.notice_check(cluster.name)
+    if check is None:
+        return {}
+    hooks = for_event(task.hooks, "preemption")
+    return {
+        "notice": NoticeWatch(check=check, hook_timeouts=tuple(h.timeout for h in hooks)),
+        "preemption_hooks": tuple(h.run for h in hooks),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +250,35 @@ def _keep(states: js.JobStates, event: str, stamp: int, job_id: int, results: Se
     }
     with contextlib.suppress(ClusterError, OSError):
         states.store.put(f"{RUNS_PREFIX}/{event}-{stamp}", record, None)
+
+
+def keep_preemption_hooks(
+    cluster: Cluster, node: Node, task: Task, handle: JobHandle, generation: int
+) -> None:
+    """Keep what the preemption hooks of `node` printed (node.notice ran them there, in the run's wrapper)
+    for `logs --hook`, while the node is still up. Best effort: the node may go at any moment. The files
+    are the job's to write: they are shown, never believed."""
+    hooks = for_event(task.hooks, "preemption")
+    if not hooks:
+        return
+    base = f"{JOBS_DIR}/{handle.remote_job_id('run')}/gen-{int(generation)}/{HOOKS_DIR}/preemption"
+    results = []
+    with contextlib.suppress(RemoteError, ClusterError, OSError), cluster.client(node, 1) as client:
+        for i in range(1, len(hooks) + 1):
+            read = client.read_range(f"{base}-{i}.log", 0, OUTPUT_TAIL_BYTES)
+            words = (client.read_file(f"{base}-{i}.rc", 64) or b"").split()
+            code = int(words[0]) if words and words[0].isdigit() else None
+            seconds = float(words[1]) if len(words) > 1 and words[1].isdigit() else 0.0
+            output = task.hide_secrets(read[0].decode(errors="replace")) if read else ""
+            results.append(HookResult(i, node.rank, code, seconds, code in (124, 137), output))
+    if results:
+        _keep(
+            js.JobStates(cluster.state_store()),
+            "preemption",
+            time.time_ns() // 1_000_000,
+            handle.job_id,
+            results,
+        )
 
 
 def hook_runs(cluster: Cluster) -> list[dict[str, Any]]:

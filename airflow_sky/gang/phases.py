@@ -304,6 +304,7 @@ def start_script(
         autostop=cluster.autostop_for(task.resources),
         flush=rclone.flushed_mounts([BucketMount.from_dict(m) for m in record.get("mounts") or []]),
         container=container_name(client.node) if handle.container_image is not None else None,
+        **(lifecycle.notice_watch(cluster, task) if phase == "run" else {}),
     )
 
 

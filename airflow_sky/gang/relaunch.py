@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from airflow_sky.gang import state as js
 from airflow_sky.gang.follow import phase_tail, read_to_end
 from airflow_sky.gang.job import JobHandle, JobStatus
 from airflow_sky.gang.lease import LeaseObserver
+from airflow_sky.gang.lifecycle import keep_preemption_hooks
 from airflow_sky.gang.phases import BUCKETS_INFO_KEY, start_script
 from airflow_sky.gang.state_record import job_nodes
 from airflow_sky.gang.watcher import kill_ranks, parallel
@@ -40,6 +42,8 @@ from airflow_sky.task import Task
 from airflow_sky.task.container import cluster_container
 
 _SETUP_TIMEOUT_S = 3600.0
+# After a preemption notice the other ranks get SIGTERM and this long to checkpoint before SIGKILL.
+NOTICE_GRACE_S = 30.0
 HEARTBEAT_S = 5.0
 WAIT_POLL_S = 1.0
 RELAUNCH_ATTEMPTS = 3
@@ -142,7 +146,10 @@ def _lead(
     beating = threading.Thread(target=_beat, args=(fence, stop), daemon=True)
     beating.start()
     try:
-        nodes = _with_retries(lambda: _relaunch(cluster, task, handle, state, claim, fence, log), log)
+        replaced_at: dict[int, float] = {}
+        nodes = _with_retries(
+            lambda: _relaunch(cluster, task, handle, state, claim, fence, log, replaced_at), log
+        )
     except JobFailed as e:
         failure, now = e, time.time()
         # Only the newest leader's failure is the job's verdict (a deposed one's is not).
@@ -167,7 +174,9 @@ def _lead(
     ]
     new, won = states.update(
         handle.job_id,
-        lambda s: js.relaunched(s, fence.token, [n.to_dict() for n in nodes], replaced, time.time()),
+        lambda s: js.relaunched(
+            s, fence.token, [n.to_dict() for n in nodes], replaced, time.time(), replaced_at
+        ),
     )
     if not won and not new.status.is_terminal:
         # Taken over after this leader's last step: the newer leader owns generation claim.target now
@@ -227,8 +236,10 @@ def _relaunch(
     claim: js.Relaunch,
     fence: Fence,
     log: Callable[[str], None],
+    replaced_at: dict[int, float],
 ) -> list[Node]:
     """Stop generation g, replace nodes that are down, set the new ones up, start g + 1 on every rank.
+    When each replacement was up goes into `replaced_at`.
 
     Each step that changes the cluster passes `fence` first: a newer leader's existence stops it there.
     """
@@ -240,8 +251,16 @@ def _relaunch(
         f"token {fence.token})"
     )
     fence.check(f"stop generation {state.generation}")
+    noticed = [
+        n for n in state.info.get(js.NOTICES_INFO_KEY) or () if n.get("generation") == state.generation
+    ]
     with cluster.clients([old[r] for r in run_ranks], conn_retry_attempts=1) as clients:
-        kill_ranks(clients, job_id, state.generation)
+        if noticed:  # a preemption with notice: every rank may checkpoint, as the noticed one could
+            kill_ranks(
+                clients, job_id, state.generation, signal.SIGTERM, NOTICE_GRACE_S, 128 + signal.SIGTERM
+            )
+        else:
+            kill_ranks(clients, job_id, state.generation)
 
     live = _by_rank(cluster.nodes())
     nodes = dict(old)
@@ -255,9 +274,14 @@ def _relaunch(
         if current is not None and current.status is NodeStatus.RUNNING:
             nodes[rank] = current  # replaced already by a leader before this one, or never down
             continue
+        if current is not None and current.status is NodeStatus.PREEMPTING:
+            # Still up until its deadline: what its preemption hooks printed is kept before it goes.
+            keep_preemption_hooks(cluster, current, task, handle, state.generation)
+            log(f"The node of rank {rank} got a preemption notice: replacing it before it goes")
         log(f"Replacing the node of rank {rank} ({node.internal_ip}, {node.instance_id})")
         try:
             nodes[rank] = cluster.replace(rank)
+            replaced_at[rank] = time.time()
         except ClusterError as e:
             # The infra has no node to give (an ssh pool without a spare host, say): the job ends here
             # with that reason, rather than every follower taking the lead in turn to fail the same way.

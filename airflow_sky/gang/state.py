@@ -30,6 +30,7 @@ from airflow_sky.gang.recovery import Action, Decision
 from airflow_sky.gang.state_record import (
     CANCELLED_RANK,
     LEADER_LEASE_S,
+    NOTICES_INFO_KEY,
     WATCH_LEASE_S,
     JobState,
     PhaseState,
@@ -41,6 +42,7 @@ from airflow_sky.infra.state_store import StateStore, Versioned
 __all__ = [
     "CANCELLED_RANK",
     "LEADER_LEASE_S",
+    "NOTICES_INFO_KEY",
     "WATCH_LEASE_S",
     "JobState",
     "PhaseState",
@@ -195,12 +197,27 @@ def fenced(state: JobState, fence: int) -> JobState:
     return dataclasses.replace(state, relaunch=dataclasses.replace(claim, beat=claim.beat + 1))
 
 
+def noted_notices(state: JobState, generation: int, preempt_at: dict[int, float], now: float) -> JobState:
+    """Record the preemption notices the infra reports for generation `generation`'s ranks (each once)."""
+    notices = list(state.info.get(NOTICES_INFO_KEY) or [])
+    known = {(n.get("generation"), n.get("rank")) for n in notices}
+    new = [
+        {"generation": generation, "rank": rank, "preempt_at": at, "seen_at": now}
+        for rank, at in sorted(preempt_at.items())
+        if (generation, rank) not in known
+    ]
+    if not new:
+        raise Unchanged
+    return dataclasses.replace(state, info={**state.info, NOTICES_INFO_KEY: notices + new})
+
+
 def relaunched(
     state: JobState,
     fence: int,
     nodes: list[dict[str, Any]],
     replaced_ranks: list[int],
     now: float,
+    replaced_at: dict[int, float] | None = None,
 ) -> JobState:
     """The leader holding token `fence` started generation + 1 on every rank: it is the job's generation now."""
     claim = state.relaunch
@@ -210,7 +227,7 @@ def relaunched(
     setup_generations = dict(state.setup_generations)
     for rank in replaced_ranks:
         setup_generations[rank] = claim.target
-    entry = {
+    entry: dict[str, Any] = {
         "generation": claim.target,
         "action": (Action.RECOVER if recovered else claim.action).value,
         "reason": claim.reason,
@@ -218,6 +235,8 @@ def relaunched(
         "claimed_at": claim.claimed_at,  # when the fault was seen: a recovery's cost counts from it
         "at": now,
     }
+    if replaced_at:  # when each replacement node was up (before its predecessor's deadline, with a notice)
+        entry["replaced_at"] = {str(rank): at for rank, at in sorted(replaced_at.items())}
     return dataclasses.replace(
         state,
         generation=claim.target,

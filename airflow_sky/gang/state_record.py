@@ -16,6 +16,7 @@ WATCH_LEASE_S = 15.0  # a watcher whose renewals stood still this long (the obse
 # monotonic clock, is taken over (no time written by one machine is compared with another's clock).
 LEADER_LEASE_S = 45.0
 CANCELLED_RANK = -1  # the "failing rank" of a cancelled phase
+NOTICES_INFO_KEY = "notices"  # in a job's info: the preemption notices its nodes got (the infra's word)
 
 
 @dataclasses.dataclass(frozen=True)

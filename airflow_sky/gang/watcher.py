@@ -163,6 +163,8 @@ class PhaseWatcher:
                 lambda s: js.record_exits(s, self.phase, self.generation, exited),
             )
         fault = self._first_fault(probes)
+        if fault is None and exited and self.phase == "run":
+            fault = self._exit_after_notice(exited)
         if fault is not None:
             state = self._on_fault(state, *fault)
             if state.phase(self.phase, self.generation).verdict == "FAILED":
@@ -224,9 +226,23 @@ class PhaseWatcher:
                 return p.rank, None, "node unreachable"
         return None
 
+    def _exit_after_notice(self, exited: Mapping[int, int]) -> tuple[int, int | None, str] | None:
+        """A rank that ended, whatever its code, on a node the infra says is being preempted: the job was
+        cut short (a trainer that checkpoints on SIGTERM may exit 0), not done."""
+        noticed = self.cluster.notices([self.nodes[r] for r in sorted(exited)])
+        if not noticed:
+            return None
+        rank = min(noticed)
+        return rank, exited[rank], f"exit code {exited[rank]} after a preemption notice"
+
     def _on_fault(self, state: js.JobState, rank: int, code: int | None, reason: str) -> js.JobState:
         nodes = list(self.nodes.values())
         unhealthy = self.cluster.unhealthy_ranks(nodes)
+        notices = self.cluster.notices(nodes) if self.phase == "run" and unhealthy else {}
+        if notices:  # the infra's word, with the deadline: goodput and the progress view count from it
+            state, _ = self.states.update(
+                self.job_id, lambda s: js.noted_notices(s, self.generation, notices, time.time())
+            )
         if code is None and reason == "node unreachable" and rank not in unhealthy:
             since = self._unreachable_since.get(rank, time.monotonic())
             if time.monotonic() - since < self.max_unreachable_s:
@@ -242,6 +258,9 @@ class PhaseWatcher:
                 lambda s: js.phase_failed(s, self.phase, self.generation, rank, recorded, why, now),
             )
             return state
+        if notices and decision.action is Action.RECOVER:
+            ranks = ", ".join(str(r) for r in sorted(notices))
+            decision = dataclasses.replace(decision, reason=f"preemption notice for rank {ranks}")
         self.log(f"rank {rank}: {reason}: {decision.action.value} ({decision.reason})")
         state, _ = self.states.update(
             self.job_id, lambda s: js.claim_relaunch(s, self.generation, decision, now)

@@ -122,6 +122,11 @@ class Cloud(abc.ABC):
     def prepare_autostop(self, cluster_name: str, down: bool) -> None:  # noqa: B027 - optional hook
         """Make the infra's side of autostop ready (e.g. what a shutdown does to an instance)."""
 
+    def notice_check(self, cluster_name: str) -> str | None:
+        """A shell command a node runs to learn of its coming preemption: it prints the epoch second the
+        node goes at once a notice is out, nothing before (None: this infra gives no notice)."""
+        return None
+
     def node_bucket_identity(self) -> frozenset[str]:
         """The bucket stores the nodes reach with their own identity (none unless the infra attaches one)."""
         return frozenset()

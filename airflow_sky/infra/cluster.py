@@ -105,6 +105,17 @@ class Cluster:
             or live[n.rank].instance_id != n.instance_id
         ]
 
+    def notices(self, nodes: Sequence[Node]) -> dict[int, float]:
+        """The ranks of `nodes` the infra reports PREEMPTING (a notice came), with when each goes."""
+        live = {n.rank: n for n in self.nodes()}
+        return {
+            n.rank: float(live[n.rank].preempt_at or 0)
+            for n in nodes
+            if n.rank in live
+            and live[n.rank].status is NodeStatus.PREEMPTING
+            and live[n.rank].instance_id == n.instance_id
+        }
+
     def replace(self, rank: int) -> Node:
         """A fresh node that takes over `rank` (new address, empty disk)."""
         return self.cloud.replace(self.name, rank)

@@ -26,6 +26,7 @@ from airflow_sky.errors import RemoteError
 from airflow_sky.node import container, shell
 from airflow_sky.node.autostop import NodeAutostop, arm_command
 from airflow_sky.node.client import MAX_SMALL_FILE_BYTES, FileTooLarge, NodeClient, UnsafeRemoteFile
+from airflow_sky.node.notice import NoticeWatch, hook_files
 from airflow_sky.node.paths import JOBS_DIR
 from airflow_sky.node.python_lib import job_python_files
 from airflow_sky.node.rclone import FlushedMount
@@ -73,16 +74,24 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
 
 
 def job_files(
-    script: str, env: Mapping[str, str], flush: Sequence[FlushedMount] = (), container: str | None = None
+    script: str,
+    env: Mapping[str, str],
+    flush: Sequence[FlushedMount] = (),
+    container: str | None = None,
+    notice: NoticeWatch | None = None,
+    preemption_hooks: Sequence[str] = (),
 ) -> bytes:
     """The tar stream `shell.start_command` unpacks: the script, its env file, the wrapper (waiting for the
     uploads of the mounts `flush` before the verdict; running the script in the node's `container` when
-    there is one), the job's Python helpers and a marker."""
+    there is one; watching for a preemption `notice`, with the `preemption_hooks` to run on one), the job's
+    Python helpers and a marker."""
+    hooks = {name: (text.encode(), 0o700) for name, text in hook_files(tuple(preemption_hooks)).items()}
     return _tar(
         {
             "script.sh": (script.encode(), 0o700),
             "env": (envs.env_file_text(env).encode(), 0o600),
-            "launch.sh": (shell.launch_script(flush, container, sorted(env)).encode(), 0o700),
+            "launch.sh": (shell.launch_script(flush, container, sorted(env), notice).encode(), 0o700),
+            **hooks,
             **{path: (data, 0o600) for path, data in job_python_files().items()},
             # Last: tar takes a stream cut at a member's header for the archive's end, so only this
             # marker on the node tells that every file arrived.
@@ -100,15 +109,18 @@ def start_job(
     autostop: NodeAutostop | None = None,
     flush: Sequence[FlushedMount] = (),
     container: str | None = None,
+    notice: NoticeWatch | None = None,
+    preemption_hooks: Sequence[str] = (),
 ) -> JobStart:
     """Start `script` detached under bash in ~/sky_workdir with `env`; a second call attaches instead.
 
     With `autostop`, the node's watcher is (re)armed first: every start does it, so a node that replaced a
     lost one is armed like the rest. `flush`: the job's bucket mounts whose uploads its verdict waits for
     (rclone.flushed_mounts). `container`: the node's container (node.container.container_name) the script
-    runs in, for a task with `image_id: docker:...`.
+    runs in, for a task with `image_id: docker:...`. `notice`: how the node learns of its preemption, and
+    `preemption_hooks` the scripts it then runs (node.notice).
     """
-    payload = job_files(script, env, flush, container)
+    payload = job_files(script, env, flush, container, notice, preemption_hooks)
     command = shell.start_command(job_id, generation)
     if autostop is not None:
         command = f"( {arm_command(autostop)} ) >/dev/null 2>&1\n{command}"

@@ -17,6 +17,8 @@ class NodeStatus(enum.StrEnum):
     TERMINATED = "TERMINATED"
     UNREACHABLE = "UNREACHABLE"
     STOPPED = "STOPPED"  # stopped by autostop: its disk is kept, and provisioning the cluster starts it again
+    # A preemption notice came: still up (and reachable) until its deadline; to be replaced, as if lost.
+    PREEMPTING = "PREEMPTING"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Node:
     gpus: float = 0
     host_key: str | None = None  # "<type> <base64>", pinned at provision time
     console_url: str | None = None  # the machine's page in its cloud's console (an extra link in the UI)
+    preempt_at: float | None = None  # PREEMPTING: when the cloud takes it (epoch seconds, the infra's word)
 
     @property
     def known_hosts_line(self) -> str | None:

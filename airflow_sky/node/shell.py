@@ -20,11 +20,13 @@ from collections.abc import Sequence
 
 from airflow_sky.node.autostop import TOUCH_ACTIVITY
 from airflow_sky.node.container import exec_words, launch_prelude
+from airflow_sky.node.notice import NoticeWatch, notice_function
 from airflow_sky.node.paths import JOBS_DIR, WORKDIR
 from airflow_sky.node.processes import JOB_MARK_ENV, MARKED, SIGNAL_MARKED, end_marked_command
 from airflow_sky.node.python_lib import LIB_DIR
 from airflow_sky.node.rclone import FlushedMount, flush_function
 from airflow_sky.node.shell_reads import READ_SMALL, READ_TIMEOUT_S
+from airflow_sky.task.hooks import HOOK_EVENT_ENV
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -71,7 +73,10 @@ CONTAINER_ENV = (
 
 
 def launch_script(
-    flush: Sequence[FlushedMount] = (), container: str | None = None, env_names: Sequence[str] = ()
+    flush: Sequence[FlushedMount] = (),
+    container: str | None = None,
+    env_names: Sequence[str] = (),
+    notice: NoticeWatch | None = None,
 ) -> str:
     """The detached wrapper (launch.sh) for one generation; it runs in the generation dir's parent job dir.
 
@@ -89,6 +94,9 @@ def launch_script(
 
     With `container` (the node's container, node.container), the script runs inside it, with the env
     file's `env_names` and the wrapper's own variables passed by name; the wrapper itself stays here.
+
+    With `notice`, a watcher beside the script acts on the node's preemption notice (node.notice); the
+    script then runs in the background and the wrapper waits for it (through the signals it traps).
     """
     flush_call = (
         f'  sky_flush {" ".join(shlex.quote(w) for m in flush for w in m.words())} >> "$d/log" 2>&1 '
@@ -97,15 +105,18 @@ def launch_script(
         else ""
     )
     run_line = '  bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null\n'
+    hook_words = "bash"
     if container is not None:
+        run_words = exec_words(container, [*CONTAINER_ENV, *env_names]) + " /bin/bash"
         run_line = (
-            launch_prelude(container)
-            + "\n  "
-            + exec_words(container, [*CONTAINER_ENV, *env_names])
-            + ' /bin/bash "$d/script.sh" >> "$d/log" 2>&1 < /dev/null\n'
+            launch_prelude(container) + f'\n  {run_words} "$d/script.sh" >> "$d/log" 2>&1 < /dev/null\n'
         )
+        hook_words = exec_words(container, [*CONTAINER_ENV, *env_names, HOOK_EVENT_ENV]) + " /bin/bash"
+    if notice is not None:
+        run_line = run_line[:-1] + _WATCHED_RUN
     return (
-        (flush_function() + "\n" if flush else "")
+        (notice_function(notice, hook_words) + "\n" if notice is not None else "")
+        + (flush_function() + "\n" if flush else "")
         + f"""\
 sky_launch() {{
   d=$(cd "$(dirname "$0")" && pwd)
@@ -132,6 +143,18 @@ sky_launch "$@"; exit
 """
     )
 
+
+# The script in the background beside the notice watcher; `wait` ends early on each signal the wrapper
+# traps, so it is asked again while the script lives. The watcher is let finish once it acted on a notice.
+_WATCHED_RUN = """ &
+  child=$!
+  sky_notice "$child" &
+  watcher=$!
+  wait "$child"; ec=$?
+  while kill -0 "$child" 2>/dev/null; do wait "$child"; ec=$?; done
+  if [ -e "$d/.notice" ]; then wait "$watcher"; else kill -KILL "$watcher" 2>/dev/null; fi
+  (exit "$ec")
+"""
 
 UNPACKED_MARKER = "unpacked"  # the last member of the job's tar stream (jobs.job_files)
 

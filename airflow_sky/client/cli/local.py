@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from rich.console import Console
@@ -34,9 +35,18 @@ def register(subparsers: Any) -> None:
     ls.add_argument("cluster", metavar="name", nargs="?")
     ls.set_defaults(handler=_ls)
 
-    preempt = commands.add_parser("preempt", help="kill one node without warning, like a spot preemption")
+    preempt = commands.add_parser(
+        "preempt", help="kill one node like a spot preemption: without warning, or after a notice (--notice)"
+    )
     preempt.add_argument("cluster", metavar="name")
     preempt.add_argument("rank", type=int)
+    preempt.add_argument(
+        "--notice",
+        type=float,
+        metavar="SECONDS",
+        help="give the node a preemption notice first, as AWS (120 s) or GCP (30 s) do, and kill it once the "
+        "window is over: its job runs its preemption hooks and gets SIGTERM to checkpoint",
+    )
     preempt.set_defaults(handler=_preempt)
 
     down = commands.add_parser("down", help="stop every node of a cluster and delete its state")
@@ -99,8 +109,36 @@ def _require_cluster(cloud: LocalCloud, name: str) -> None:
 def _preempt(args: argparse.Namespace) -> int:
     cloud = LocalCloud()
     _require_cluster(cloud, args.cluster)
+    if args.notice is not None:
+        return _preempt_after_notice(cloud, args.cluster, args.rank, args.notice)
     node = cloud.preempt(args.cluster, args.rank)
     Console().print(f"preempted rank {node.rank} of {args.cluster} ({node.internal_ip}): {node.status.value}")
+    return 0
+
+
+def _preempt_after_notice(cloud: LocalCloud, cluster: str, rank: int, window_s: float) -> int:
+    """The clouds' way: a notice, the window, then the kill (of that instance: a replacement that took its
+    rank meanwhile is left alone)."""
+    if window_s < 1:
+        raise SpecError(f"--notice: at least 1 second, got {window_s:g}")
+    console = Console()
+    node = cloud.notify_preemption(cluster, rank, window_s)
+    console.print(f"notice given to rank {rank} of {cluster} ({node.internal_ip}): it goes in {window_s:g} s")
+    deadline = time.monotonic() + window_s
+    try:
+        with console.status("") as status:
+            while (left := deadline - time.monotonic()) > 0:
+                status.update(f"rank {rank} of {cluster} goes in {left:.0f} s")
+                time.sleep(min(0.5, left))
+    finally:  # interrupted too: a notice is a promise the node goes
+        try:
+            gone = cloud.preempt_instance(cluster, node.instance_id)
+        except ClusterError:
+            console.print(
+                f"rank {rank}'s node {node.instance_id} was already replaced or ended: nothing to kill"
+            )
+        else:
+            console.print(f"preempted rank {rank} of {cluster} ({gone.internal_ip}): {gone.status.value}")
     return 0
 
 

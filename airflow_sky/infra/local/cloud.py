@@ -188,18 +188,45 @@ class LocalCloud(Cloud):
 
     # ---- local-only operations -------------------------------------------------------------------------
 
+    def notice_check(self, cluster_name: str) -> str | None:
+        return f'cat "$HOME/{layout.NOTICE_PATH}" 2>/dev/null'
+
     def preempt(self, cluster_name: str, rank: int) -> Node:
         """Kill a node and all its processes without warning, as a spot preemption would."""
+        return self.preempt_instance(cluster_name, self._node_of_rank(cluster_name, rank).instance_id)
+
+    def notify_preemption(self, cluster_name: str, rank: int, window_s: float) -> Node:
+        """Give rank's node a preemption notice, as a cloud does `window_s` before it takes a spot node: the
+        node sees it where it looks (its metadata stand-in), the infra reports it PREEMPTING."""
+        node = self._node_of_rank(cluster_name, rank)
+        if node.status is not NodeStatus.RUNNING:
+            raise ClusterError(f"cluster {cluster_name!r}: the node of rank {rank} is {node.status.value}")
+        node_dir = layout.instances_dir(cluster_name) / node.instance_id
+        record = layout.read_node_record(node_dir)
+        record[layout.NOTICE_KEY] = preempt_at = time.time() + window_s
+        layout.write_json_atomic(layout.node_record_path(node_dir), record)
+        notice = Path(record.get("home") or layout.node_home(node_dir)) / layout.NOTICE_PATH
+        notice.parent.mkdir(parents=True, exist_ok=True)
+        notice.write_text(f"{int(preempt_at)}\n")
+        return self._node_of_rank(cluster_name, rank)
+
+    def preempt_instance(self, cluster_name: str, instance_id: str) -> Node:
+        """Kill the instance `instance_id` (it may have been replaced meanwhile: then nothing is left of it)."""
+        node_dir = layout.instances_dir(cluster_name) / instance_id
+        record = layout.read_json(layout.node_record_path(node_dir)) if node_dir.is_dir() else None
+        if not record or record.get("state") == layout.STATE_TERMINATED:
+            raise ClusterError(f"cluster {cluster_name!r} has no instance {instance_id} (any more)")
+        record["state"] = layout.STATE_PREEMPTED
+        layout.write_json_atomic(layout.node_record_path(node_dir), record)
+        daemon.kill_marked(daemon.marker(cluster_name, instance_id))
+        return self._node_from_record(cluster_name, node_dir, record)
+
+    def _node_of_rank(self, cluster_name: str, rank: int) -> Node:
         target = next((n for n in self.nodes(cluster_name) if n.rank == rank), None)
         if target is None:
             ranks = [n.rank for n in self.nodes(cluster_name)]
             raise ClusterError(f"cluster {cluster_name!r} has no node of rank {rank} (ranks: {ranks})")
-        node_dir = layout.instances_dir(cluster_name) / target.instance_id
-        record = layout.read_node_record(node_dir)
-        record["state"] = layout.STATE_PREEMPTED
-        layout.write_json_atomic(layout.node_record_path(node_dir), record)
-        daemon.kill_marked(daemon.marker(cluster_name, target.instance_id))
-        return next(n for n in self.nodes(cluster_name) if n.rank == rank)
+        return target
 
     # ---- internals -------------------------------------------------------------------------------------
 
@@ -323,8 +350,9 @@ class LocalCloud(Cloud):
     @staticmethod
     def _node_from_record(cluster_name: str, node_dir: Path, record: dict[str, Any]) -> Node:
         instance_id = str(record["instance_id"])
+        preempt_at = record.get(layout.NOTICE_KEY)
         if daemon.server_alive(node_dir, daemon.marker(cluster_name, instance_id)):
-            status = NodeStatus.RUNNING
+            status = NodeStatus.PREEMPTING if preempt_at is not None else NodeStatus.RUNNING
         elif record.get("state") == layout.STATE_PREEMPTED:
             status = NodeStatus.PREEMPTED
         elif record.get("state") == layout.STATE_STOPPED:
@@ -341,4 +369,5 @@ class LocalCloud(Cloud):
             status=status,
             gpus=len(record.get("gpu_devices") or []),
             host_key=str(record["host_key"]),
+            preempt_at=float(preempt_at) if preempt_at is not None else None,
         )

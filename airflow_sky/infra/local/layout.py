@@ -58,6 +58,10 @@ STATE_TERMINATED = "terminated"
 STATE_STOPPED = "stopped"
 # A node's request to its own server (autostop's action): `stop` or `down`, like `shutdown` on a VM.
 POWEROFF_PATH = ".airflow_sky/poweroff"
+# The local node's stand-in for a cloud's metadata service: the epoch second a preemption notice gives it
+# (written by `local preempt --notice`; the node record's NOTICE_KEY is the infra's own word on it).
+NOTICE_PATH = ".airflow_sky/metadata/preemption-notice"
+NOTICE_KEY = "preempt_at"
 
 
 def root() -> Path:
