@@ -57,6 +57,9 @@ SLOWEST_FILES = (
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.
 _STATE = Path(tempfile.mkdtemp(prefix="airflow-sky-tests-"))
 os.environ[layout.ROOT_ENV] = str(_STATE / "local")
+# Cloud nodes' notice watchers (infra.notices) ask a port where nothing listens, never a real metadata service
+# (the machine running the tests may be a cloud VM); tests that give notices point them at a stand-in.
+os.environ["AIRFLOW__SKY__METADATA_URL"] = "http://127.0.0.1:9"
 # Local nodes run in their own mount namespace (as root in CI), where /tmp is each node's own: the tests'
 # probe dirs (tmp_path), through which node scripts report to the test, must lie outside it, as a real
 # cluster's shared storage would. pytest reads this when it first creates a tmp_path.

@@ -62,7 +62,11 @@ def notice_watch(cluster: Cluster, task: Task) -> dict[str, Any]:
         return {}
     hooks = for_event(task.hooks, "preemption")
     return {
-        "notice": NoticeWatch(check=check, hook_timeouts=tuple(h.timeout for h in hooks)),
+        "notice": NoticeWatch(
+            check=check,
+            hook_timeouts=tuple(h.timeout for h in hooks),
+            interval_s=cluster.cloud.notice_interval_s,
+        ),
         "preemption_hooks": tuple(h.run for h in hooks),
     }
 

@@ -21,6 +21,7 @@ from airflow_sky.errors import RemoteError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.credential_refresh import CredentialRefresh
 from airflow_sky.gang.job import KILLED_EXIT_CODE, Phase, remote_job_id
+from airflow_sky.gang.notice_claims import Fault, NoticeClaims
 from airflow_sky.gang.recovery import DEFAULT_MAX_RECOVERIES, Action, Decision, RecoveryState, decide
 from airflow_sky.gang.watch_lease import WatchHold
 from airflow_sky.infra.base import Node
@@ -128,6 +129,7 @@ class PhaseWatcher:
         self._clients: dict[int, NodeClient] = {}
         self._unreachable_since: dict[int, float] = {}
         self._next_liveness = 0.0
+        self.claims = NoticeClaims(cluster, self.nodes, self.remote_job, self.client, log)
 
     @property
     def key(self) -> str:
@@ -165,6 +167,8 @@ class PhaseWatcher:
         fault = self._first_fault(probes)
         if fault is None and exited and self.phase == "run":
             fault = self._exit_after_notice(exited)
+        if self.phase == "run":
+            fault, state = self._held_for_a_notice(fault, state)
         if fault is not None:
             state = self._on_fault(state, *fault)
             if state.phase(self.phase, self.generation).verdict == "FAILED":
@@ -225,6 +229,21 @@ class PhaseWatcher:
             if p.unreachable and since is not None and now - since >= self.unreachable_grace_s:
                 return p.rank, None, "node unreachable"
         return None
+
+    def _held_for_a_notice(self, fault: Fault | None, state: js.JobState) -> tuple[Fault | None, js.JobState]:
+        """A fault on a node that says a preemption notice came waits for the infra (gang.notice_claims);
+        one the infra confirmed is recorded as a notice (times as this watcher saw them) and acted on."""
+        if fault is not None and self.claims.hold(fault):
+            fault = None
+        settled = self.claims.settle() if fault is None else None
+        if settled is None:
+            return fault, state
+        if settled.confirmed:
+            rank, now = settled.fault[0], time.time()
+            state, _ = self.states.update(
+                self.job_id, lambda s: js.noted_notices(s, self.generation, {rank: now}, settled.since)
+            )
+        return settled.fault, state
 
     def _exit_after_notice(self, exited: Mapping[int, int]) -> tuple[int, int | None, str] | None:
         """A rank that ended, whatever its code, on a node the infra says is being preempted: the job was

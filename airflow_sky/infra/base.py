@@ -122,6 +122,11 @@ class Cloud(abc.ABC):
     def prepare_autostop(self, cluster_name: str, down: bool) -> None:  # noqa: B027 - optional hook
         """Make the infra's side of autostop ready (e.g. what a shutdown does to an instance)."""
 
+    # How long the cloud warns before it takes a spot node, where its API does not report the notice itself
+    # (the watcher then waits this long for a node that says it got one: gang.notice_claims); 0: no wait.
+    notice_window_s: float = 0.0
+    notice_interval_s: float = 2.0  # how often a node asks for its notice
+
     def notice_check(self, cluster_name: str) -> str | None:
         """A shell command a node runs to learn of its coming preemption: it prints the epoch second the
         node goes at once a notice is out, nothing before (None: this infra gives no notice)."""

@@ -35,7 +35,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from airflow_sky.errors import ClusterError
-from airflow_sky.infra import catalog, optimizer, provisioner
+from airflow_sky.infra import catalog, notices, optimizer, provisioner
 from airflow_sky.infra.aws import instances, launch_spec, network, pinning
 from airflow_sky.infra.aws.instances import Member
 from airflow_sky.infra.aws.launcher import AwsLauncher
@@ -63,6 +63,12 @@ ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_AWS_ENDPOINT_RESOLVER"
 
 class AwsCloud(AwsLauncher):
     name = "aws"
+    notice_window_s = notices.AWS_WINDOW_S  # EC2 reports a noticed spot instance running (gang.notice_claims)
+    notice_interval_s = 5.0  # as AWS asks
+
+    def notice_check(self, cluster_name: str) -> str | None:
+        return notices.aws_check(notices.metadata_url(notices.AWS_METADATA_URL))
+
     # Where the default image of each architecture is published (SSM parameters, one value per region).
     image_parameters = network.DEFAULT_IMAGE_PARAMETERS
     console_timeout_s = 300.0  # for cloud-init to print the host keys of an instance its launch did not key

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_sky.errors import ClusterError, SpecError
-from airflow_sky.infra import catalog, optimizer, provisioner, provisioning
+from airflow_sky.infra import catalog, notices, optimizer, provisioner, provisioning
 from airflow_sky.infra.base import Endpoint, Node, NodeStatus, ProvisionRequest
 from airflow_sky.infra.gcp import network, vm_fields, vms
 from airflow_sky.infra.gcp.api import GceError
@@ -58,6 +58,11 @@ ENDPOINT_RESOLVER_ENV = "AIRFLOW_SKY_GCP_ENDPOINT_RESOLVER"
 
 class GcpCloud(GcpClusterRecords):
     name = "gcp"
+    notice_window_s = notices.GCP_WINDOW_S  # GCE reports a noticed spot VM running (gang.notice_claims)
+
+    def notice_check(self, cluster_name: str) -> str | None:
+        return notices.gcp_check(notices.metadata_url(notices.GCP_METADATA_URL))
+
     default_image = vms.DEFAULT_IMAGE
     host_key_timeout_s = 300.0  # for the guest environment (or cloud-init) to publish the host keys
 
