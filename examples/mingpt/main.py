@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 from char_dataset import CharDataset
 from model import GPT, GPTConfig
-from trainer import TrainConfig, Trainer, TrainResult, log
+from trainer import Stopped, TrainConfig, Trainer, TrainResult, log
 
 DATA = Path(__file__).resolve().parent / "data" / "input.txt"  # found from any cwd (~/sky_workdir on a node)
 
@@ -127,7 +128,13 @@ def main() -> int:
                 f"steps {train_cfg.max_steps}, snapshot every {train_cfg.snapshot_every} to {train_cfg.snapshot_path}"
             )
         trainer = Trainer(model, dataset, train_cfg, device)
-        result = trainer.train()
+        # A spot node's preemption notice (airflow-sky sends SIGTERM after the preemption hooks) or a cancel:
+        # finish the step, snapshot, exit. The next generation resumes from that step: nothing is redone.
+        signal.signal(signal.SIGTERM, lambda *_: setattr(trainer, "stop_requested", True))
+        try:
+            result = trainer.train()
+        except Stopped:
+            return 128 + signal.SIGTERM
         if dist.get_rank() == 0:
             report(trainer, dataset, result, train_cfg.seed)
         dist.barrier()  # every rank leaves together, after rank 0's report

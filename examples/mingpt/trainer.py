@@ -59,6 +59,14 @@ def log(msg: str) -> None:
     sys.stdout.flush()
 
 
+class Stopped(Exception):
+    """Training stopped early on SIGTERM, after the snapshot of `step` was written."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"stopped at step {step}")
+        self.step = step
+
+
 class Trainer:
     """Owns the DDP model, optimizer, sampler and step counter; saves and restores them as one snapshot."""
 
@@ -70,6 +78,7 @@ class Trainer:
         self.dataset = dataset
         self.raw_model = model.to(device)
         self.step = 0
+        self.stop_requested = False  # set by SIGTERM (a preemption notice, a cancel): see train()
         snapshot = self._load_snapshot()
         if snapshot is not None:
             self.raw_model.load_state_dict(snapshot["model"])
@@ -131,6 +140,13 @@ class Trainer:
         log(f"saved snapshot at step {self.step} to {path}")
 
     # -- training ------------------------------------------------------------------------------------
+    def _every_rank_stops(self) -> bool:
+        """Whether any rank got SIGTERM: all stop after the same step, so rank 0's snapshot is every rank's
+        (a preempted node's rank learns first; the others would only see it die)."""
+        flag = torch.tensor([1.0 if self.stop_requested else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
+
     def _global_mean(self, value: torch.Tensor) -> float:
         """The mean of a per-rank scalar over all ranks (what the DDP gradient step actually optimised)."""
         t = value.detach().clone().reshape(1).to(self.device, torch.float32)
@@ -180,6 +196,11 @@ class Trainer:
             else:
                 # Every step, for a live step count; the reporter writes at most one line a second.
                 report(self.step, cfg.max_steps)
+            if self._every_rank_stops():
+                if cfg.snapshot_every:
+                    self.save_snapshot()
+                log(f"stopping at step {self.step}: SIGTERM (a preemption notice or a cancel)")
+                raise Stopped(self.step)
             if cfg.snapshot_every and (self.step % cfg.snapshot_every == 0 or self.step == cfg.max_steps):
                 self.save_snapshot()
         if first_loss is None or final_loss is None:

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,39 @@ def test_shipped_corpus_is_exactly_what_make_corpus_generates() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert (MAIN.parent / "data" / "input.txt").read_text(encoding="utf-8") == module.corpus()
+
+
+def test_sigterm_stops_every_rank_after_the_same_step_with_a_snapshot_the_next_run_resumes_from(
+    tmp_path: Path,
+) -> None:
+    """What a preemption notice does to the example (airflow-sky SIGTERMs the job's process group)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT_", "SNAPSHOT_"))}
+    env.update(TINY, MAX_STEPS="100000", SNAPSHOT_EVERY="100000", OMP_NUM_THREADS="1", LOG_EVERY="5")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=2"]
+    proc = subprocess.Popen(
+        [*cmd, str(MAIN)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "[rank 0/2] step 20/" in line:  # training for a while, and no periodic snapshot yet
+            os.killpg(proc.pid, signal.SIGTERM)
+            break
+    seen += proc.stdout.readlines()
+    proc.wait(timeout=60)
+    out = "".join(seen)
+    stops = {
+        int(m[1]): int(m[2]) for m in re.finditer(r"\[rank (\d)/2\] stopping at step (\d+): SIGTERM", out)
+    }
+    assert set(stops) == {0, 1} and stops[0] == stops[1] >= 20, out[-3000:]
+    assert f"[rank 0/2] saved snapshot at step {stops[0]}" in out
+    resumed = _torchrun(tmp_path, max_steps=stops[0] + 5, xcom=tmp_path / "xcom")
+    assert f"[rank 0/2] resuming from snapshot at step {stops[0]}" in resumed, resumed[-3000:]
+    assert next(s for s, _ in _rank0_steps(resumed)) == stops[0] + 1  # no step done twice
