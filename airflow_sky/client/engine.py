@@ -120,24 +120,33 @@ def _migrate_once(home: Path, marker: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         if marker.exists():
             return
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "airflow", "db", "migrate"],
-                capture_output=True,
-                text=True,
-                env=os.environ.copy(),
-                timeout=MIGRATE_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise SkyError(
-                f"`airflow db migrate` of the private Airflow DB in {home} did not finish within "
-                f"{MIGRATE_TIMEOUT_S}s (is another process holding {home / 'airflow.db'}?)"
-            ) from e
-        if proc.returncode != 0:
-            raise SkyError(
-                f"could not initialize the private Airflow DB in {home}: {proc.stderr.strip()[-800:]}"
-            )
+        # Then the dags-folder bundle's row: every dag.test() writes it if missing, and first launches at
+        # once raced on that insert ("UNIQUE constraint failed: dag_bundle.name").
+        for step in (["-m", "airflow", "db", "migrate"], ["-c", _SYNC_BUNDLES]):
+            try:
+                proc = subprocess.run(
+                    [sys.executable, *step],
+                    capture_output=True,
+                    text=True,
+                    env=os.environ.copy(),
+                    timeout=MIGRATE_TIMEOUT_S,
+                )
+            except subprocess.TimeoutExpired as e:
+                raise SkyError(
+                    f"initializing the private Airflow DB in {home} did not finish within "
+                    f"{MIGRATE_TIMEOUT_S}s (is another process holding {home / 'airflow.db'}?)"
+                ) from e
+            if proc.returncode != 0:
+                raise SkyError(
+                    f"could not initialize the private Airflow DB in {home}: {proc.stderr.strip()[-800:]}"
+                )
         marker.touch()
+
+
+_SYNC_BUNDLES = (
+    "from airflow.dag_processing.bundles.manager import DagBundlesManager; "
+    "DagBundlesManager().sync_bundles_to_db()"
+)
 
 
 def dag_id_for(cluster_name: str) -> str:
