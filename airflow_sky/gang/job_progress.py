@@ -14,7 +14,9 @@ view, `airflow-sky queue`, the SDK and the job's final XCom show (PROGRESS_VERSI
      "ranks": [{"rank", "generation", "process", "step", "total", "rate", "metrics", "updated_at", "age_s",
                 "stale", "history": [[time, step, generation, {metric: value}], ...]}],
      "recoveries": [{"generation", "action", "reason", "ranks", "fault_at", "at", "resumed_at",
-                     "lost_s", "steps_redone", "notice_at"?, "preempt_at"?}]}
+                     "lost_s", "steps_redone", "notice_at"?, "preempt_at"?}],
+     "goodput": {"wall_s", "to_start_s", "to_first_step_s", "productive_s", "lost_s", "steps_redone",
+                 "ratio"} (gang.goodput; None without a submit time)}
 
 The job's step is its slowest rank's (a DDP step is done when every rank did it), and so are its rate and
 ETA. Everything here is pure; gang.progress_store keeps the records and collects them while following.
@@ -221,6 +223,10 @@ def summarize(
         "ranks": rows,
         "recoveries": recoveries(state, ranks, now) if state is not None else [],
     }
+    if state is not None:
+        from airflow_sky.gang.goodput import goodput  # it reads this module's records
+
+        doc["goodput"] = goodput(state, ranks, doc["recoveries"], now)
     if not current:
         return doc
     slowest = min(current, key=lambda r: (r["step"], r["rate"] if r["rate"] is not None else math.inf))
@@ -325,6 +331,7 @@ def final_metrics(doc: Mapping[str, Any]) -> dict[str, Any]:
         "ranks": [
             {"rank": r["rank"], "step": r["step"], "metrics": r["metrics"]} for r in doc.get("ranks") or ()
         ],
+        "goodput": doc.get("goodput"),
         "recoveries": [
             {
                 k: v

@@ -59,6 +59,8 @@ def gauges(doc: Mapping[str, Any]) -> list[tuple[str, float]]:
         ("eta_seconds", 0.0 if doc.get("status") in _ENDED else doc.get("eta_s")),
         ("steps_per_second", doc.get("rate")),
         ("recoveries", len(doc.get("recoveries") or ())),
+        ("goodput", (doc.get("goodput") or {}).get("ratio")),
+        ("lost_seconds", (doc.get("goodput") or {}).get("lost_s")),
     ]
     for name, value in (doc.get("metrics") or {}).items():
         # A metric may be named `tokens/s`: StatsD names allow letters, digits, `_ . -` only.

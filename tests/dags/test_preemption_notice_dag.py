@@ -138,7 +138,9 @@ def test_a_noticed_preemption_runs_the_hook_replaces_the_node_before_its_deadlin
         replaced_at = state.history[-1]["replaced_at"]["1"]
         assert notice["seen_at"] < replaced_at < notice["preempt_at"]
         # The progress document (the view's, the XCom's) has the recovery: from the notice, no step redone.
-        (recovery,) = sdk.job_progress(cluster, state.job_id)["recoveries"]
+        doc = sdk.job_progress(cluster, state.job_id)
+        (recovery,) = doc["recoveries"]
+        assert doc["goodput"]["steps_redone"] == 0 and 0 < doc["goodput"]["ratio"] <= 1, doc["goodput"]
         assert recovery["notice_at"] == notice["seen_at"] and recovery["preempt_at"] == notice["preempt_at"]
         assert recovery["steps_redone"] == 0 and recovery["lost_s"] >= 0, recovery
         # The preempter waited out the window and found the old node already gone (replaced).

@@ -101,7 +101,22 @@ def progress_view(doc: Mapping[str, Any], cluster: str, now: float) -> Renderabl
     recoveries = [recovery_line(r) for r in doc.get("recoveries") or ()]
     if recoveries:
         parts.append(Text("Recoveries:\n" + "\n".join(f"  {line}" for line in recoveries)))
+    if doc.get("goodput"):
+        parts.append(Text(goodput_line(doc["goodput"])))
     return Group(*parts)
+
+
+def goodput_line(good: Mapping[str, Any]) -> str:
+    """'Goodput: 87% of 5m12s (first step after 42s, 12s lost, 0 steps redone)'."""
+    ratio = good.get("ratio")
+    head = f"Goodput: {100 * ratio:.0f}% of " if ratio is not None else "Goodput: - of "
+    details = []
+    if good.get("to_first_step_s") is not None:
+        details.append(f"first step after {short_duration(good['to_first_step_s'])}")
+    details.append(f"{short_duration(good.get('lost_s') or 0)} lost")
+    if good.get("steps_redone") is not None:
+        details.append(f"{good['steps_redone']} steps redone")
+    return f"{head}{short_duration(good.get('wall_s') or 0)} ({', '.join(details)})"
 
 
 def job_line(doc: Mapping[str, Any], cluster: str) -> str:
