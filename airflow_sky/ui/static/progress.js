@@ -231,6 +231,7 @@
       var text = "Generation " + num(r.generation) + ": " + (r.action || "relaunch") + " of rank " + (ranks || "?");
       if (r.at) text += " at " + clock(r.at);
       if (r.reason) text += " (" + r.reason + ")";
+      if (r.notice_at) text += "; notice at " + clock(r.notice_at) + (r.preempt_at ? ", node due to go at " + clock(r.preempt_at) : "");
       text += "; " + (r.lost_s === null || r.lost_s === undefined ? "time lost unknown" : duration(r.lost_s) + " lost");
       if (r.steps_redone !== null && r.steps_redone !== undefined) text += ", " + num(r.steps_redone) + (r.steps_redone === 1 ? " step" : " steps") + " redone";
       list.appendChild(el("li", { "class": "sky-recovery", "data-generation": num(r.generation), "data-ranks": ranks }, text));
@@ -266,7 +267,21 @@
       section.appendChild(el("h3", {}, "Recoveries"));
       section.appendChild(recoveries(doc.recoveries));
     }
+    if (doc.goodput && doc.goodput.wall_s !== undefined) {
+      section.appendChild(el("p", { "class": "sky-goodput" }, goodputText(doc.goodput)));
+    }
     return section;
+  }
+
+  // "Goodput 87% of 5m 12s: first step after 42s, 12s lost, 0 steps redone" (gang/goodput.py's document).
+  function goodputText(g) {
+    var text = "Goodput " + (g.ratio === null || g.ratio === undefined ? "-" : Math.round(100 * g.ratio) + "%");
+    text += " of " + duration(g.wall_s || 0);
+    var parts = [];
+    if (g.to_first_step_s !== null && g.to_first_step_s !== undefined) parts.push("first step after " + duration(g.to_first_step_s));
+    parts.push(duration(g.lost_s || 0) + " lost");
+    if (g.steps_redone !== null && g.steps_redone !== undefined) parts.push(num(g.steps_redone) + (g.steps_redone === 1 ? " step" : " steps") + " redone");
+    return text + ": " + parts.join(", ");
   }
 
   function render(data) {
