@@ -64,7 +64,7 @@ def notice_function(watch: NoticeWatch, run_words: str = "bash") -> str:
 sky_notice() {{
   trap 'true' TERM INT HUP  # the job's SIGTERM below is for the job (a handler: children get the default)
   while kill -0 "$1" 2>/dev/null; do
-    at=$( ( {watch.check} ) 2>/dev/null | head -c 32 | tr -dc 0-9 )
+    at=$( {{ {watch.check} ; }} 2>/dev/null ); at=${{at:0:32}}; at=${{at//[!0-9]/}}  # one fork a round
     if [ -z "$at" ]; then sleep {watch.interval_s:g}; continue; fi
     touch "$d/.notice"
     echo "{{\\"preempt_at\\": $at, \\"seen_at\\": $(date +%s)}}" > "$job/{NOTICE_FILE}.tmp" \\

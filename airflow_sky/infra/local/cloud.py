@@ -189,7 +189,7 @@ class LocalCloud(Cloud):
     # ---- local-only operations -------------------------------------------------------------------------
 
     def notice_check(self, cluster_name: str) -> str | None:
-        return f'cat "$HOME/{layout.NOTICE_PATH}" 2>/dev/null'
+        return f'read -r -n 32 n < "$HOME/{layout.NOTICE_PATH}" && echo "$n"'  # builtins: no process a round
 
     def preempt(self, cluster_name: str, rank: int) -> Node:
         """Kill a node and all its processes without warning, as a spot preemption would."""
