@@ -260,7 +260,7 @@ def test_stop_on_an_infra_that_cannot_stop_nodes_names_it(monkeypatch):
 
 def test_down_stop_autostop_accept_sky_flags(monkeypatch, capsys):
     calls: list[tuple[str, Any]] = []
-    monkeypatch.setattr(sdk, "down", lambda name: calls.append(("down", name)))
+    monkeypatch.setattr(sdk, "down", lambda name, log=print: calls.append(("down", name)))
     monkeypatch.setattr(
         sdk, "autostop", lambda name, minutes, down=False: calls.append(("autostop", minutes, down))
     )
