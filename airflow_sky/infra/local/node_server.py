@@ -228,11 +228,9 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 def _own_tmp(node_dir: Path, record: dict[str, Any], isolated: bool) -> tuple[Path, str]:
     """Give the node a /tmp of its own; returns the node dir as still reachable, and the node's TMPDIR.
 
-    In its own mount namespace the node's tmp dir is bind-mounted over /tmp. The node dir may itself lie
-    under /tmp (a state root there): its parent is opened first and the node dir reached through
-    /proc/self/fd from then on (through the parent, not as the fd itself: that is a symlink, which rmtree
-    refuses, and an autodown must remove the node dir). Without namespaces, TMPDIR points at the node's tmp
-    dir.
+    In its own mount namespace the node's tmp dir is bind-mounted over /tmp. The node dir may lie under /tmp
+    (a state root there): it is reached as /proc/self/fd/<its parent>/<name> from then on (not the fd
+    itself: a symlink, which an autodown's rmtree refuses). Without namespaces, TMPDIR is the node's tmp dir.
     """
     tmp = record.get("tmp")
     if not tmp:
