@@ -125,6 +125,7 @@ class Cloud(abc.ABC):
     # How long the cloud warns before it takes a spot node, where its API does not report the notice itself
     # (the watcher then waits this long for a node that says it got one: gang.notice_claims); 0: no wait.
     notice_window_s: float = 0.0
+    reports_notices = False  # whether nodes() says PREEMPTING for a node whose notice came (local does)
     notice_interval_s: float = 2.0  # how often a node asks for its notice
 
     def notice_check(self, cluster_name: str) -> str | None:

@@ -107,6 +107,8 @@ class Cluster:
 
     def notices(self, nodes: Sequence[Node]) -> dict[int, float]:
         """The ranks of `nodes` the infra reports PREEMPTING (a notice came), with when each goes."""
+        if not self.cloud.reports_notices:
+            return {}  # (EC2, GCE: a noticed node reads RUNNING; gang.notice_claims handles those)
         live = {n.rank: n for n in self.nodes()}
         return {
             n.rank: float(live[n.rank].preempt_at or 0)

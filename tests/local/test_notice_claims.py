@@ -27,6 +27,7 @@ class _ApiWithoutNotices(LocalCloud):
     """A cloud whose API reports a noticed node RUNNING until it is gone, as EC2's and GCE's do."""
 
     notice_window_s = 6.0
+    reports_notices = False
 
     def nodes(self, cluster_name: str) -> list[Node]:
         return [

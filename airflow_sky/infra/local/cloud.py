@@ -188,6 +188,8 @@ class LocalCloud(Cloud):
 
     # ---- local-only operations -------------------------------------------------------------------------
 
+    reports_notices = True
+
     def notice_check(self, cluster_name: str) -> str | None:
         return f'read -r -n 32 n < "$HOME/{layout.NOTICE_PATH}" && echo "$n"'  # builtins: no process a round
 
