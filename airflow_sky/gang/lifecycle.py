@@ -160,12 +160,12 @@ def _run_hooks(
                 cluster,
                 node,
                 hooks,
-                hook_env(user, ips, i, info, task_id, event),
+                hook_env(user, ips, node.rank, info, task_id, event),
                 f"hook-{event}-{stamp}",
                 state.info.get("container_image") is not None,
                 hide,
             )
-            for i, node in enumerate(ordered)
+            for node in ordered
         ]
         concurrent.futures.wait(futures)
     results = sorted((r for f in futures for r in f.result()), key=lambda r: (r.hook, r.rank))
