@@ -63,9 +63,12 @@ def notice_function(watch: NoticeWatch, run_words: str = "bash") -> str:
     return f"""\
 sky_notice() {{
   trap 'true' TERM INT HUP  # the job's SIGTERM below is for the job (a handler: children get the default)
+  # Waits are `read -t` on a pipe nobody writes: no `sleep` process a round (one that a job's own
+  # processes could be mistaken for, or counted with).
+  local tick; exec {{tick}}<> <(:)
   while kill -0 "$1" 2>/dev/null; do
     at=$( {{ {watch.check} ; }} 2>/dev/null ); at=${{at:0:32}}; at=${{at//[!0-9]/}}  # one fork a round
-    if [ -z "$at" ]; then sleep {watch.interval_s:g}; continue; fi
+    if [ -z "$at" ]; then read -rt {watch.interval_s:g} -u "$tick" _ || true; continue; fi
     touch "$d/.notice"
     echo "{{\\"preempt_at\\": $at, \\"seen_at\\": $(date +%s)}}" > "$job/{NOTICE_FILE}.tmp" \\
       && mv -f -- "$job/{NOTICE_FILE}.tmp" "$job/{NOTICE_FILE}"
