@@ -21,6 +21,9 @@ _LAZY = {
     "load_pipeline": "airflow_sky.task.pipeline",
     "sky_pipeline": "airflow_sky.dags.pipeline",
     "sky_result": "airflow_sky.dags.results",
+    "sky_sweep": "airflow_sky.dags.sweep",
+    "sweep_results": "airflow_sky.dags.sweep",
+    "best_trial": "airflow_sky.dags.sweep",
     # The SDK, mirroring SkyPilot's sky.launch / sky.exec / ...
     "launch": "airflow_sky.client.sdk",
     "exec": "airflow_sky.client.sdk",

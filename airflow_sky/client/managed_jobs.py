@@ -38,6 +38,7 @@ from airflow_sky.task import Task
 from airflow_sky.task.conf_policy import SETTINGS, ConfPolicy
 from airflow_sky.task.jobs_bucket import LocalUpload, job_files_uri, local_paths, translate_local_paths
 from airflow_sky.task.pipeline import SERIAL, Pipeline
+from airflow_sky.task.pool import check_pool_job, check_pool_name
 
 __all__ = [
     "LaunchAborted",
@@ -70,6 +71,7 @@ def launch(
     dag_id: str = MANAGED_DAG_ID,
     confirm: Callable[[str], bool] | None = None,
     upload_progress: UploadProgress | None = None,
+    pool: str | None = None,
 ) -> int:
     """Submit `task` (a Task, a Pipeline, or a task YAML: one task or a pipeline file) as a managed job;
     returns its job id (a small integer, claimed atomically with the run: client.managed_ids). A
@@ -83,8 +85,16 @@ def launch(
     :param confirm: asked with the job's name once the task is checked, before anything is uploaded or
         created; False raises LaunchAborted.
     :param upload_progress: told how the upload of local files goes (files and bytes).
+    :param pool: run on a free worker of this pool (`jobs pool apply`): the task may have no setup, workdir
+        or file_mounts, and the worker stays up after the job.
     """
     tasks, pipeline = _tasks_of(task, env)
+    if pool is not None:
+        if pipeline is not None or cluster_name is not None:
+            raise SpecError("--pool: a pool's job is one task, run on the pool's workers (no -c/--cluster)")
+        check_pool_name(pool)
+        check_pool_job(tasks[0], "the pool's job")
+        down = False
     if cluster_name is not None:
         cluster_name = check_cluster_name(cluster_name)  # the name the cluster gets, as `launch -c` names it
     for one in tasks:
@@ -100,7 +110,7 @@ def launch(
     # random bits make that a guess of one in a trillion per try, each a REST request.
     run_id = f"sky-job-{random.token_hex(5)}"
     bucket = _jobs_bucket_for(tasks, pipeline)
-    ready = _Prepared.of(tasks, pipeline, bucket, dag_id, run_id, infra, cluster_name, down)
+    ready = _Prepared.of(tasks, pipeline, bucket, dag_id, run_id, infra, cluster_name, down, pool)
     policy = client_policy()
     user = _api_user(api)
     for index, spec in enumerate(ready.specs):  # what the DAG's spec tasks will check, checked here first
@@ -143,6 +153,7 @@ class _Prepared:
         infra: str | None,
         cluster_name: str | None,
         down: bool,
+        pool: str | None = None,
     ) -> _Prepared:
         tasks = list(tasks)
         run_uri = bucket.bucket.run_uri(run_id) if bucket is not None else None
@@ -164,6 +175,7 @@ class _Prepared:
                     cluster_name=cluster_name if pipeline is None else None,
                     down=down,
                     uploads=run_uri if uploads else None,
+                    pool=pool,
                 )
             )
         confs = [spec.to_run_conf() for spec in specs]

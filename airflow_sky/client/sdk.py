@@ -101,14 +101,17 @@ def run(
     listener: Callable[[Event], None] | None = None,
     task_file: str | None = None,
     launch_command: str | None = None,
+    in_child: bool = False,
 ) -> JobOutcome:
     """Run a launch/exec to its end (or to its start with options.follow=False); the CLI's engine call.
 
     `launch_command`: for an exec whose cluster cannot take it, the launch to suggest (the CLI's, with
-    the flags the user gave); by default one of `task_file`."""
+    the flags the user gave); by default one of `task_file`. `in_child`: run the engine in a process of
+    its own (launches from several threads at once: a pool's workers)."""
     from airflow_sky.client.engine_process import caller_runs_airflow, run_job_in_child
 
-    in_child = caller_runs_airflow()  # an SDK call from inside Airflow (a task): never its DB or dags
+    # An SDK call from inside Airflow (a task) never uses its DB or dags: always a child there.
+    in_child = in_child or caller_runs_airflow()
     if not in_child:
         from airflow_sky.client.engine import prepare_airflow
 

@@ -39,6 +39,7 @@ from airflow_sky.operators.provision import PipelineSlot
 from airflow_sky.task import Task
 from airflow_sky.task.launch import Launch, LaunchOptions
 from airflow_sky.task.pipeline import job_id_for
+from airflow_sky.task.pool import check_pool_job, check_pool_name
 
 # The deadline of every step that is not the user's own script (setup and run take setup_timeout and
 # run_timeout). Generous: they cover a cloud's slow days, and only a hung step ever reaches them.
@@ -77,6 +78,10 @@ def sky_job(
     setup_timeout: timedelta | None = None,
     run_timeout: timedelta | None = None,
     pipeline: PipelineSlot | None = None,
+    pool: str | None = None,
+    outlets: Sequence[Any] | None = None,
+    output_extra: dict[str, Any] | None = None,
+    output_partition: str | None = None,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
@@ -115,6 +120,13 @@ def sky_job(
         the follow task fails and the job fails fast.
     :param run_timeout: the same for a rank's run (recoveries included).
     :param pipeline: set by sky_pipeline: the job's place in a pipeline (SKYPILOT_TASK_IDS, its cluster).
+    :param pool: run on a free worker of this pool (`airflow-sky jobs pool apply`; task.pool): the job waits
+        PENDING in the pool's queue, then runs without provisioning or setup on the worker, which stays up.
+        The task may have no setup, workdir or file_mounts (the workers have the pool's); cluster_name,
+        down, setup and must_exist are the pool's business.
+    :param outlets: Airflow assets (a checkpoint prefix, an artifact) that get an event when the job
+        succeeds (its collect task), with the job and `output_extra` as the event's extra and
+        `output_partition` as its partition key (sky_sweep: the trial).
 
     Every other step has a deadline of its own (STEP_TIMEOUTS): provisioning, syncing, starting, collecting
     and tearing down never wait forever.
@@ -138,6 +150,14 @@ def sky_job(
             "cannot be given with it (pass either a launch or the task and its keywords)"
         )
     job: Task | XComArg
+    if pool is not None:
+        if launch is not None or cluster_name or down or must_exist is not None or setup is not None:
+            raise SpecError(
+                "sky_job: pool= runs the job on the pool's workers: give no launch=, cluster_name, down=True, "
+                "setup or must_exist with it"
+            )
+        check_pool_name(pool)
+        described.update(down=False, setup=False, must_exist=True)
     if launch is not None:
         job, options = launch.task, launch.options
     elif task is None:
@@ -155,6 +175,8 @@ def sky_job(
             raise SpecError("group_id: a job whose task is resolved at run time needs a group_id")
     else:
         check_runnable(job)
+        if pool is not None:
+            check_pool_job(job, f"sky_job(pool={pool!r})")
         if "{{" not in options.infra:
             check_connection(options.infra, conn_id)  # fails when the DAG is parsed, not mid-run
             task_buckets(job, options.infra)  # so do unsupported bucket mounts
@@ -180,6 +202,7 @@ def sky_job(
             pipeline=pipeline_slot(options),
             aws_conn_id=aws_conn_id,
             gcp_conn_id=gcp_conn_id,
+            sky_pool=pool,
             # An exec provisions nothing; it may wait in the cluster's job queue as long as the jobs before
             # it run (a launch onto a busy cluster waits within provision's deadline).
             execution_timeout=None
@@ -235,12 +258,15 @@ def sky_job(
         collect = SkyCollectOperator(
             task_id="collect",
             cluster=cluster,
-            run_follow_task_id=f"{group_id}.run_follow",
+            run_follow_task_id=f"{group.group_id}.run_follow",  # (prefixed inside an outer group)
             artifacts=artifacts,
             artifacts_to=artifacts_to,
             artifacts_from=artifacts_from,
             aws_conn_id=aws_conn_id,
             gcp_conn_id=gcp_conn_id,
+            outlets=list(outlets or []),
+            output_extra=output_extra,
+            output_partition=output_partition,
             execution_timeout=STEP_TIMEOUTS["collect"],
             **common,
         )

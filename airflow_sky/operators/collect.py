@@ -19,6 +19,12 @@ class SkyCollectOperator(SkyBaseOperator):
     `artifacts_to` (a local directory, s3:// or gs://), and {remote path: uri} is pushed under `artifacts`.
     The job's final progress (gang.job_progress.final_metrics: step, total, metrics, each rank's last step
     and metrics, recoveries) is pushed under `progress` (None when the job reported none).
+
+    With `outlets` (Airflow assets: a checkpoint prefix, an artifact), each gets an asset event when the job
+    succeeded, whose extra says which job it came from: `output_extra` (a sweep's trial and its params), the
+    cluster, job id, last step, the head's result and the uploaded artifacts; `output_partition` (a sweep's
+    `trial-<i>`) is the event's partition key, so a DAG scheduled on the asset by partition runs once per
+    trial however close together the trials end.
     """
 
     template_fields: Sequence[str] = ("cluster", "sky_task", "artifacts", "artifacts_to")
@@ -33,9 +39,13 @@ class SkyCollectOperator(SkyBaseOperator):
         artifacts_from: str = "head",
         aws_conn_id: str | None = None,
         gcp_conn_id: str | None = None,
+        output_extra: dict[str, Any] | None = None,
+        output_partition: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.output_extra = dict(output_extra or {})
+        self.output_partition = output_partition
         self.run_follow_task_id = run_follow_task_id
         self.artifacts = list(artifacts or [])
         self.artifacts_to = artifacts_to
@@ -53,7 +63,9 @@ class SkyCollectOperator(SkyBaseOperator):
         # Pushed even when None (no report came): a downstream pull of job_progress() then finds None.
         progress = self.job.progress(with_history=False)
         reported = progress is not None and progress["reported_ranks"] > 0
-        ti.xcom_push(key=PROGRESS_XCOM_KEY, value=final_metrics(progress) if progress and reported else None)
+        final = final_metrics(progress) if progress and reported else None
+        ti.xcom_push(key=PROGRESS_XCOM_KEY, value=final)
+        uploaded: dict[str, str] | None = None
         hook = self.hook(handle)
         if self.artifacts:
             if not self.artifacts_to:
@@ -70,6 +82,23 @@ class SkyCollectOperator(SkyBaseOperator):
             )
             ti.xcom_push(key="artifacts", value=uploaded)
         self.job.set_status(JobStatus.SUCCEEDED)  # the run's verdict wrote it already, as a rule
+        if self.outlets:
+            extra = {
+                **self.output_extra,
+                "cluster": handle.cluster_name,
+                "job_id": handle.job_id,
+                "step": (final or {}).get("step"),
+                "result": ranks[0] if ranks else None,
+                "artifacts": uploaded,
+            }
+            for outlet in self.outlets:
+                event = context["outlet_events"][outlet]
+                event.extra = extra
+                if self.output_partition:
+                    event.add_partitions(self.output_partition)
+            self.log.info(
+                "Asset event(s) for %s: %s", ", ".join(str(getattr(o, "uri", o)) for o in self.outlets), extra
+            )
         self.log.info(
             "Job %d on %s succeeded on %d nodes", handle.job_id, handle.cluster_name, handle.num_run_nodes
         )

@@ -6,7 +6,8 @@ with a conf of this shape:
     {"task": {...},                 # the task mapping (Task.to_dict()), without its secrets' values
      "secrets": ["NAME", ...],      # held in the Airflow Variables airflow_sky_secret__<owner>__NAME
      "infra": "local", "cluster_name": null, "down": true,
-     "uploads": null}                # or the run's prefix in the jobs bucket, which the run's end removes
+     "uploads": null,                # or the run's prefix in the jobs bucket, which the run's end removes
+     "pool": null}                   # or the pool whose free worker runs the job (task.pool)
 
 A multi-task pipeline is `{"pipeline": "<name>", "jobs": [<one conf as above per task>, ...]}`, run in
 order, one job after the other (each its own cluster), in one run of a DAG with enough pipeline slots.
@@ -32,9 +33,10 @@ from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.task import Task, is_bucket_uri
 from airflow_sky.task.conf_policy import ConfPolicy, check_no_worker_paths, check_run_conf, secret_references
 from airflow_sky.task.diagnostics import known_fields
+from airflow_sky.task.pool import check_pool_name
 
 SECRET_VARIABLE_PREFIX = "airflow_sky_secret__"  # "secret" in the name: Airflow masks the value everywhere
-_CONF_FIELDS = ("task", "secrets", "infra", "cluster_name", "down", "uploads")
+_CONF_FIELDS = ("task", "secrets", "infra", "cluster_name", "down", "uploads", "pool")
 SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _OWNER = re.compile(r"^[0-9a-f]{32}\Z")
 
@@ -101,6 +103,7 @@ class JobSpec:
     # `<jobs bucket>/<run id>`: where `jobs launch` uploaded the task's workdir and local file_mounts (the
     # task copies them from there); the run's end removes it (task.jobs_bucket.checked_uploads_uri).
     uploads: str | None = None
+    pool: str | None = None  # run on a free worker of this pool (no provisioning, no setup; kept after)
 
     def to_conf(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -142,9 +145,20 @@ class JobSpec:
         uploads = conf.get("uploads")
         if uploads is not None and not (isinstance(uploads, str) and is_bucket_uri(uploads)):
             raise SpecError(f"{source}: uploads: must be the bucket URI of the run's uploaded files, or null")
+        pool = conf.get("pool")
+        if pool is not None:
+            if cluster_name:
+                raise SpecError(
+                    f"{source}: pool: a pool's job runs on the pool's workers; give no cluster_name"
+                )
+            try:
+                pool = check_pool_name(pool)
+            except SpecError as e:
+                raise SpecError(f"{source}: pool: {e}") from None
+            down = False  # a pool's worker stays up for the pool's next job
         # Before the task is parsed: no question about worker paths.
         check_no_worker_paths(task, source, secrets)
-        spec = cls(dict(task), secrets, infra, cluster_name, down, uploads)
+        spec = cls(dict(task), secrets, infra, cluster_name, down, uploads, pool)
         if not (secret_references(task, secrets) & _strings(task.get("workdir"), task.get("file_mounts"))):
             # The task itself is valid. (One whose workdir or a source is a whole secret is checked once the
             # run has the secrets' values: an empty value would make a valid task look broken.)
@@ -165,14 +179,17 @@ class JobSpec:
         may hold a secret (`s3://team${SUFFIX}`), and the policy judges what is mounted."""
         # What a whole secret reference stood for is known now: a secret's value is no way to a worker path.
         check_no_worker_paths(task.to_dict(), source)
-        check_run_conf(policy, task, self.infra, self.cluster_name, self.uploads, source, user, user_known)
+        check_run_conf(
+            policy, task, self.infra, self.cluster_name, self.uploads, source, user, user_known, self.pool
+        )
 
     def to_run_conf(self) -> dict[str, Any]:
         """The run conf's form: the secrets' names only (their Variables follow from the run id); `uploads`
-        only when there are (a deployment from before it refuses the field)."""
+        and `pool` only when given (a deployment from before them refuses the fields)."""
         conf = {**self.to_conf(), "secrets": sorted(self.secrets)}
-        if conf["uploads"] is None:
-            del conf["uploads"]
+        for optional in ("uploads", "pool"):
+            if conf[optional] is None:
+                del conf[optional]
         return conf
 
     def load_task(self, secret_values: Mapping[str, str]) -> Task:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.state import ClusterClosing
 from airflow_sky.hooks.cluster import SkyClusterHook
+from airflow_sky.hooks.pool import SkyPoolHook
 from airflow_sky.operators.base import CONN_ID_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.task import GitWorkdir
@@ -66,9 +67,11 @@ class SkyProvisionOperator(SkyBaseOperator):
         pipeline: PipelineSlot | None = None,
         aws_conn_id: str | None = None,
         gcp_conn_id: str | None = None,
+        sky_pool: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self.sky_pool = sky_pool  # (not `pool`: an operator's `pool` is the Airflow pool it takes a slot of)
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id
         self.pipeline = pipeline
@@ -81,13 +84,33 @@ class SkyProvisionOperator(SkyBaseOperator):
     def adopt_job_spec(self, spec: JobSpec) -> None:
         self.infra, self.down = spec.infra, spec.down
         self.cluster_name = spec.cluster_name or self.cluster_name
+        if spec.pool:
+            self.sky_pool, self.must_exist, self.down = spec.pool, True, False
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
-        self.mask_secrets()  # (and a managed job's spec adopted: its infra, cluster and down)
+        self.mask_secrets()  # (and a managed job's spec adopted: its infra, cluster, down and pool)
+        if not self.sky_pool:
+            return self._provision(context, None)
+        # A pool's job runs on a free worker, set up already: it waits its turn in the pool's queue (PENDING)
+        # and holds the worker once it is registered in the worker cluster's own job queue.
+        pool = SkyPoolHook(self.sky_pool, self.infra, self.conn_id)
+        key = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
+        worker, ticket = pool.wait_for_worker(key, self.sky_task.name or self.task_id, self.log.info)
+        try:
+            return self._provision(context, (worker, lambda: pool.hand_over(worker, ticket)))
+        except BaseException:
+            pool.give_up(ticket, worker)
+            raise
+
+    def _provision(self, context: Any, worker: tuple[str, Callable[[], None]] | None) -> list[dict[str, Any]]:
+        """Provision (or reuse) the cluster and register the job; `worker`: the pool worker to run on and what
+        hands it over once the job is registered there."""
         run_id = context["run_id"]
         job = self.task_id.rsplit(".", 1)[0] if self.pipeline and "." in self.task_id else None
         # Normalized here too: a DAG's cluster_name (sky_job's keyword, a run conf's) is rendered only now.
-        name = sanitize_cluster_name(self.cluster_name or default_cluster_name(self.dag_id, run_id, job))
+        name = sanitize_cluster_name(
+            worker[0] if worker else self.cluster_name or default_cluster_name(self.dag_id, run_id, job)
+        )
         hook = SkyClusterHook(name, self.infra, self.conn_id)
         no_effect = no_effect_warning(self.task_id, self.sky_task.resources, self.infra)
         if no_effect is not None:
@@ -128,6 +151,8 @@ class SkyProvisionOperator(SkyBaseOperator):
                     existed = False
             if buckets is not None:
                 hook.record_job_buckets(handle, buckets)
+            if worker is not None:
+                worker[1]()  # the worker's own job queue holds it for this job now
         except BaseException:
             if not existed:  # half a cluster runs no job: nothing of this run's may be left behind
                 self.log.warning("Provisioning failed; removing what was created for cluster %s", name)

@@ -10,6 +10,7 @@ safe default:
     managed_cluster_names   shared cluster names (globs) every user may name; default: none. A run names a
                             cluster of its triggering user's namespace (`<user>--*`: task.cluster_namespace)
                             or one of these; a run without a name gets its own (64 random bits)
+    managed_pools           pools (globs) a run may send its job to (`jobs launch --pool`); default: none
     managed_buckets         the buckets (or `bucket/prefix`es) a task may mount, `*` for any; default: none
                             but the run's own uploads in the jobs bucket
     managed_ports           ports and ranges (`8888, 6006-6010`) a task may open, `*` for any; default: none
@@ -46,6 +47,7 @@ ANY = "*"
 SETTINGS = (
     "managed_infras",
     "managed_cluster_names",
+    "managed_pools",
     "managed_buckets",
     "managed_ports",
     "managed_max_nodes",
@@ -66,6 +68,7 @@ class ConfPolicy:
 
     infras: tuple[str, ...] = ()  # () : every infra but local
     cluster_names: tuple[str, ...] = ()  # shared names (globs); a user's own namespace is always allowed
+    pools: tuple[str, ...] = ()  # globs of the pools a run may use
     buckets: tuple[str, ...] | None = ()  # () : the run's own uploads only; None: any bucket
     default_store: str | None = None  # `[sky] default_store`: the store of a bucket named without one
     jobs_bucket: str | None = None  # `[sky] jobs_bucket`: there, a run reads its own uploads only
@@ -95,6 +98,7 @@ class ConfPolicy:
         return cls(
             infras=tuple(i.lower() for i in infras),
             cluster_names=tuple(_items(get("managed_cluster_names"))),
+            pools=tuple(_items(get("managed_pools"))),
             buckets=buckets,
             default_store=default_store,
             jobs_bucket=jobs,
@@ -276,8 +280,10 @@ def check_run_conf(
     source: str,
     user: str | None = None,
     user_known: bool = True,
+    pool: str | None = None,
 ) -> None:
-    """Refuse (SpecError, one line naming the field) what the deployment's policy does not allow: the infra
+    """Refuse (SpecError, one line naming the field) what the deployment's policy does not allow: the pool,
+    the infra
     (and every infra the task's resources name), the cluster name (`user`: who triggered the run; not
     `user_known`, as on a launching machine with a token: a name in some user's namespace passes, for the
     deployment to judge), the task's node count, ports, instance types and accelerators, and its buckets."""
@@ -294,6 +300,12 @@ def check_run_conf(
         raise SpecError(
             f"{source}: cluster_name: {cluster_name} is not allowed here; "
             f"{_cluster_refusal(policy, user, user_known)}"
+        )
+    if pool is not None and not any(fnmatch.fnmatchcase(pool, pattern) for pattern in policy.pools):
+        allowed = ", ".join(policy.pools) or "none"
+        raise SpecError(
+            f"{source}: pool: {pool} is not allowed here; the pools runs may use: {allowed} "
+            f"({setting_name('managed_pools')})"
         )
     check_resources(task, policy.ports, policy.max_nodes, policy.instance_types, policy.accelerators, source)
     if policy.buckets is None and policy.jobs_bucket is None:

@@ -21,7 +21,6 @@ MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # SkyPilot's resources.priority range
 # Fields airflow-sky parses and round-trips but does not act on yet; using one gives a SpecWarning.
 INERT_TASK_FIELDS = (
     "service",
-    "pool",
     "config",
     "experimental",
     "event_callback",
@@ -29,6 +28,8 @@ INERT_TASK_FIELDS = (
     "inputs",
     "outputs",
 )
+# Top-level fields kept as written and read by their own rules (task.pool): acted on, so never inert.
+ACTED_EXTRA_TASK_FIELDS = ("pool",)
 # ports, labels, disk_tier and network_tier act (aws, gcp; ports also local, ssh); where one has no effect
 # is said per infra (task/resources_effects.py).
 INERT_RESOURCE_FIELDS = ("accelerator_args", "priority", "volumes")
@@ -314,9 +315,9 @@ TASK_SCHEMA: dict[str, Any] = {
         },
         "setup": _SCRIPT,
         "run": _SCRIPT,
+        "pool": _MAPPING,  # task.pool checks it
         # Parsed but not acted on yet (INERT_TASK_FIELDS).
         "service": _MAPPING,
-        "pool": _MAPPING,
         "config": _MAPPING,
         "experimental": _MAPPING,
         "event_callback": _STRING,

@@ -25,9 +25,10 @@ from airflow_sky.task.hooks import LifecycleHook, hooks_config, parse_hooks
 from airflow_sky.task.job_recovery import JobRecovery
 from airflow_sky.task.loading import LoadOptions, checked_options, file_options, refuse_internal, script
 from airflow_sky.task.mounts import FileMountSource, StorageMount, parse_file_mounts
+from airflow_sky.task.pool import PoolSpec, parse_pool
 from airflow_sky.task.redaction import redact_json, redactor
 from airflow_sky.task.resources import Resources, build_resources
-from airflow_sky.task.schema import INERT_TASK_FIELDS, TASK_SCHEMA
+from airflow_sky.task.schema import ACTED_EXTRA_TASK_FIELDS, INERT_TASK_FIELDS, TASK_SCHEMA
 from airflow_sky.task.text_files import read_text_file
 from airflow_sky.task.validate import validate
 from airflow_sky.task.yaml_io import dump_yaml, parse_yaml
@@ -189,9 +190,10 @@ class Task:
         try:
             self.container  # noqa: B018 - validated now, so a bad image fails at load time
             self.hooks  # noqa: B018 - and bad lifecycle hooks
+            self.pool  # noqa: B018 - and a bad pool section
         except SpecError as e:
             raise SpecError(f"{ctx.source}: {e}") from None
-        for key in self.extra_fields:
+        for key in [k for k in self.extra_fields if k not in ACTED_EXTRA_TASK_FIELDS]:
             for path in inert_config_paths(self.extra_fields[key]) if key == "config" else [key]:
                 ctx.note_inert([path])
         for dst, src in self.file_mounts.items():
@@ -217,7 +219,7 @@ class Task:
             key: ov.substitute(copy.deepcopy(config[key]), mapping)
             if key in _SUBSTITUTED_EXTRA
             else copy.deepcopy(config[key])
-            for key in INERT_TASK_FIELDS
+            for key in (*INERT_TASK_FIELDS, *ACTED_EXTRA_TASK_FIELDS)
             if key in config
         }
 
@@ -296,6 +298,11 @@ class Task:
     def hooks(self) -> tuple[LifecycleHook, ...]:
         """The lifecycle hooks (`config.hooks`) that run on stop, preemption and down."""
         return parse_hooks(hooks_config(self.extra_fields.get("config")))
+
+    @property
+    def pool(self) -> PoolSpec | None:
+        """The `pool:` section of a pool file (task.pool), None for a job's task."""
+        return parse_pool(self.extra_fields.get("pool"))
 
     @property
     def job_recovery(self) -> JobRecovery:

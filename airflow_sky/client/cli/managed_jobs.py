@@ -45,6 +45,10 @@ def register(subparsers: Any) -> None:
         help="cluster name: <your user>--<name>, or one the deployment shares (default: one per job)",
     )
     launch.add_argument("--keep", action="store_true", help="keep the cluster after the job (default: down)")
+    from airflow_sky.client.cli.pool import add_pool_launch_arguments
+    from airflow_sky.client.cli.pool import register as register_pool
+
+    add_pool_launch_arguments(launch)  # -p/--pool, --num-jobs
     launch.add_argument("-d", "--detach", action="store_true", help="print the job id and return")
     launch.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     add_task_overrides(launch)  # (with --env/--secret and their files)
@@ -73,6 +77,7 @@ def register(subparsers: Any) -> None:
     cancel.add_argument("-a", "--all", action="store_true", help="cancel every managed job not ended")
     cancel.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation (-a asks)")
     cancel.set_defaults(handler=_cancel)
+    register_pool(commands)  # jobs pool apply | status | down
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -102,7 +107,14 @@ def _launch(args: argparse.Namespace) -> int:
                 pipeline, infra=args.infra, down=not args.keep, confirm=confirm, upload_progress=progress
             )
             what = f"pipeline {pipeline.name}, {len(pipeline.tasks)} tasks in order"
+        elif args.pool is not None:
+            from airflow_sky.client.cli.pool import launch_on_pool
+
+            task = task_with_overrides(args, worker_is_here=False)
+            return launch_on_pool(args, task, confirm, _follow)
         else:
+            if args.num_jobs is not None:
+                raise SpecError("--num-jobs: only with --pool (each job runs on a free worker of the pool)")
             # The deployed Airflow's workers run it: a key path of this machine means nothing there.
             task = task_with_overrides(args, worker_is_here=False)  # with -n/--workdir/--ports
             job_id = managed_jobs.launch(

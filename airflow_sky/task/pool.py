@@ -1,0 +1,114 @@
+"""Pools (SkyPilot `docs/source/examples/pools.rst`): warm workers, set up once, that run jobs one at a time.
+
+A pool file is a task file with a `pool:` section and no `run`:
+
+    pool:
+      workers: 2          # each worker is a cluster of the task's num_nodes
+    resources: {...}
+    workdir: .
+    file_mounts: {...}
+    setup: pip install -r requirements.txt
+
+A job for a pool names only its `run`, `envs`/`secrets`, `num_nodes` and `resources`: its workers' setup,
+workdir and file mounts are the pool's, so every job on a worker finds the same environment. Each job of a
+submission of N gets SKYPILOT_JOB_RANK (0..N-1) and SKYPILOT_NUM_JOBS (N). Pure rules; nothing runs here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_sky.errors import SpecError
+
+if TYPE_CHECKING:  # (task.task reads pool sections with parse_pool)
+    from airflow_sky.task.task import Task
+
+_FIELDS = ("workers",)
+POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,29}\Z")  # a worker is `<pool>-<i>`: a cluster name (<= 40)
+JOB_RANK_ENV = "SKYPILOT_JOB_RANK"
+NUM_JOBS_ENV = "SKYPILOT_NUM_JOBS"
+MAX_WORKERS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolSpec:
+    workers: int
+
+
+def parse_pool(value: Any, source: str = "pool") -> PoolSpec | None:
+    """The `pool:` section as written (None: not a pool file); a wrong one raises SpecError naming the field."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{source}: must be a mapping, e.g. {{workers: 2}}")
+    unknown = sorted(str(key) for key in value if key not in _FIELDS)
+    if unknown:
+        raise SpecError(
+            f"{source}: unknown field {unknown[0]!r}; a pool here has a fixed size: {{workers: N}} "
+            "(autoscaling pools are not supported)"
+        )
+    workers = value.get("workers")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise SpecError(
+            f"{source}.workers: required, a whole number from 1 to {MAX_WORKERS}, got {workers!r}"
+        )
+    return PoolSpec(workers)
+
+
+def check_pool_name(name: str) -> str:
+    """A pool's name: lowercase letters, digits and '-', starting with a letter, at most 30 characters."""
+    if not isinstance(name, str) or not POOL_NAME.match(name):
+        raise SpecError(
+            f"pool name {name!r} is invalid: lowercase letters, digits and '-', starting with a letter, "
+            "at most 30 characters (its workers are clusters named <pool>-<i>)"
+        )
+    return name
+
+
+def worker_cluster_name(pool: str, index: int) -> str:
+    """The cluster of worker `index` of `pool`."""
+    return f"{check_pool_name(pool)}-{index}"
+
+
+def pool_task(task: Task, source: str) -> tuple[Task, PoolSpec]:
+    """A pool file's task and its spec; refuses a task that is not one (no `pool:`, or a `run`)."""
+    spec = parse_pool(task.extra_fields.get("pool"), f"{source}: pool")
+    if spec is None:
+        raise SpecError(f"{source}: not a pool file: add a `pool: {{workers: N}}` section")
+    if task.run is not None:
+        raise SpecError(
+            f"{source}: run: a pool file may not have a run section (the workers only provision and set "
+            "up); submit the job with `airflow-sky jobs launch --pool <pool> job.yaml`"
+        )
+    return task, spec
+
+
+def check_pool_job(task: Task, source: str) -> None:
+    """Refuse what a job for a pool may not have: its workers' environment is the pool's (SkyPilot's rule)."""
+    given = [
+        field
+        for field, value in (
+            ("setup", task.setup),
+            ("workdir", task.workdir),
+            ("file_mounts", task.file_mounts),
+            ("pool", task.extra_fields.get("pool")),
+        )
+        if value
+    ]
+    if given:
+        raise SpecError(
+            f"{source}: {', '.join(given)}: a job for a pool may not have {' or '.join(given)}; the pool's "
+            "workers were set up from the pool file (put them there and `jobs pool apply` again)"
+        )
+    if task.run is None:
+        raise SpecError(f"{source}: run: a job for a pool needs a run section")
+
+
+def job_rank_envs(rank: int, num_jobs: int) -> dict[str, str]:
+    """SKYPILOT_JOB_RANK / SKYPILOT_NUM_JOBS of job `rank` of a submission of `num_jobs`."""
+    if not 0 <= rank < num_jobs:
+        raise ValueError(f"job rank {rank} is not in 0..{num_jobs - 1}")
+    return {JOB_RANK_ENV: str(rank), NUM_JOBS_ENV: str(num_jobs)}
