@@ -31,7 +31,7 @@ from airflow_sky.gang.pool import (
 from airflow_sky.infra.base import NodeStatus
 from airflow_sky.infra.registry import get_cloud
 from airflow_sky.task import Task
-from airflow_sky.task.pool import check_pool_name, pool_task, worker_cluster_name
+from airflow_sky.task.pool import check_pool_name, pool_task, pool_task_record, worker_cluster_name
 
 MAX_PARALLEL_LAUNCHES = 8
 
@@ -96,7 +96,7 @@ def apply(
         infra=infra,
         workers=tuple(names),
         num_nodes=task.num_nodes,
-        task=task.to_dict(secret_references=True),
+        task=pool_task_record(task),
         applied_at=time.time(),
     )
     write_pool(store, record)

@@ -106,8 +106,7 @@ def run(
     """Run a launch/exec to its end (or to its start with options.follow=False); the CLI's engine call.
 
     `launch_command`: for an exec whose cluster cannot take it, the launch to suggest (the CLI's, with
-    the flags the user gave); by default one of `task_file`. `in_child`: run the engine in a process of
-    its own (launches from several threads at once: a pool's workers)."""
+    the flags the user gave); by default one of `task_file`. `in_child`: the engine in a process of its own."""
     from airflow_sky.client.engine_process import caller_runs_airflow, run_job_in_child
 
     # An SDK call from inside Airflow (a task) never uses its DB or dags: always a child there.

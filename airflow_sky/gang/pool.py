@@ -28,6 +28,7 @@ from airflow_sky.errors import ClusterError
 from airflow_sky.gang import state as js
 from airflow_sky.gang.job_queue import ADMITTED_KEY, live_claims
 from airflow_sky.infra.state_store import StateStore
+from airflow_sky.task.pool import POOL_TASK_INFO_KEY
 
 POOL_KEY = "pool"
 QUEUE_KEY = "queue"
@@ -263,6 +264,11 @@ class PoolQueue:
         except BaseException:
             self._finish_ticket(ticket)
             raise
+
+
+def record_pool_task(states: js.JobStates, job_id: int, task: dict[str, Any]) -> None:
+    """Keep the pool's task in its job's state: a replacement node of the worker gets its setup from it."""
+    states.update(job_id, lambda s: dataclasses.replace(s, info={**s.info, POOL_TASK_INFO_KEY: task}))
 
 
 def pool_missing(pool: str, infra: str) -> ClusterError:

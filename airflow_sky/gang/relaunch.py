@@ -40,6 +40,7 @@ from airflow_sky.node.buckets import plan_from_record
 from airflow_sky.node.files import upload_task_files
 from airflow_sky.task import Task
 from airflow_sky.task.container import cluster_container
+from airflow_sky.task.pool import POOL_TASK_INFO_KEY, worker_setup_task
 
 _SETUP_TIMEOUT_S = 3600.0
 # After a preemption notice the other ranks get SIGTERM and this long to checkpoint before SIGKILL.
@@ -291,6 +292,9 @@ def _relaunch(
         handle, nodes=tuple(nodes[r] for r in sorted(nodes)), generation=claim.target
     )
     replaced = [nodes[r] for r in sorted(nodes) if nodes[r].instance_id != old[r].instance_id]
+    # A pool's worker: a replacement gets the pool's workdir, file mounts and setup, as its worker had them.
+    pool_task = state.info.get(POOL_TASK_INFO_KEY)
+    setup_task = worker_setup_task(task, pool_task) if replaced and pool_task else task
     # A replacement node mounts the job's buckets again (a checkpoint bucket is where the job resumes from).
     buckets = plan_from_record(state.info.get(BUCKETS_INFO_KEY)) if replaced else None
     for node in replaced:
@@ -299,15 +303,15 @@ def _relaunch(
             commit = state.info.get("git_commit") or handle.git_commit  # the job's one commit
             upload_task_files(
                 client,
-                task,
+                setup_task,
                 log,
                 buckets,
                 git_commit=commit,
                 container=cluster_container(handle),
                 cluster_name=cluster.name,
             )
-        if task.setup:
-            _run_setup(cluster, task, new_handle, node, log)
+        if setup_task.setup:
+            _run_setup(cluster, setup_task, new_handle, node, log)
 
     run_nodes = list(new_handle.run_nodes)
     fence.check(f"start generation {claim.target}")

@@ -32,6 +32,7 @@ from airflow_sky.gang.phases import (
     record_buckets,
     register_job,
 )
+from airflow_sky.gang.pool import record_pool_task
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.local.daemon import check_shared_mounts
@@ -221,6 +222,10 @@ class SkyClusterHook(BaseHook):
 
     def record_job_buckets(self, handle: JobHandle, record: dict[str, Any]) -> None:
         record_buckets(self.cluster, handle, record)
+
+    def record_pool_task(self, handle: JobHandle, task: dict[str, Any]) -> None:
+        """A pool job: its worker's task (setup, workdir), for a replacement node (gang.pool)."""
+        record_pool_task(job_states(self.cluster), handle.job_id, task)
 
     def bucket_plan(self, handle: JobHandle, task: Task) -> buckets.BucketPlan | None:
         """What a node needs to attach the job's buckets (credentials included: never log it; they are

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -40,6 +41,15 @@ class PipelineSlot:
     task_names: tuple[str, ...]
     task_ids: tuple[str, ...] = ()  # given (the CLI runs a pipeline's jobs as runs of their own), else
     # derived from the DAG run, so every job of one run agrees on them
+
+
+@dataclasses.dataclass(frozen=True)
+class _PoolWorker:
+    """The pool worker a job runs on, what hands it over to the worker's own queue, and the pool's task."""
+
+    cluster: str
+    hand_over: Callable[[], None]
+    task: dict[str, Any]
 
 
 class SkyProvisionOperator(SkyBaseOperator):
@@ -97,19 +107,19 @@ class SkyProvisionOperator(SkyBaseOperator):
         key = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
         worker, ticket = pool.wait_for_worker(key, self.sky_task.name or self.task_id, self.log.info)
         try:
-            return self._provision(context, (worker, lambda: pool.hand_over(worker, ticket)))
+            hand_over = functools.partial(pool.hand_over, worker, ticket)
+            return self._provision(context, _PoolWorker(worker, hand_over, pool.record.task))
         except BaseException:
             pool.give_up(ticket, worker)
             raise
 
-    def _provision(self, context: Any, worker: tuple[str, Callable[[], None]] | None) -> list[dict[str, Any]]:
-        """Provision (or reuse) the cluster and register the job; `worker`: the pool worker to run on and what
-        hands it over once the job is registered there."""
+    def _provision(self, context: Any, worker: _PoolWorker | None) -> list[dict[str, Any]]:
+        """Provision (or reuse) the cluster and register the job; `worker`: the pool worker to run on."""
         run_id = context["run_id"]
         job = self.task_id.rsplit(".", 1)[0] if self.pipeline and "." in self.task_id else None
         # Normalized here too: a DAG's cluster_name (sky_job's keyword, a run conf's) is rendered only now.
         name = sanitize_cluster_name(
-            worker[0] if worker else self.cluster_name or default_cluster_name(self.dag_id, run_id, job)
+            worker.cluster if worker else self.cluster_name or default_cluster_name(self.dag_id, run_id, job)
         )
         hook = SkyClusterHook(name, self.infra, self.conn_id)
         no_effect = no_effect_warning(self.task_id, self.sky_task.resources, self.infra)
@@ -152,7 +162,8 @@ class SkyProvisionOperator(SkyBaseOperator):
             if buckets is not None:
                 hook.record_job_buckets(handle, buckets)
             if worker is not None:
-                worker[1]()  # the worker's own job queue holds it for this job now
+                hook.record_pool_task(handle, worker.task)
+                worker.hand_over()  # the worker's own job queue holds it for this job now
         except BaseException:
             if not existed:  # half a cluster runs no job: nothing of this run's may be left behind
                 self.log.warning("Provisioning failed; removing what was created for cluster %s", name)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # (task.task reads pool sections with parse_pool)
 
 _FIELDS = ("workers",)
 POOL_NAME = re.compile(r"^[a-z][a-z0-9-]{0,29}\Z")  # a worker is `<pool>-<i>`: a cluster name (<= 40)
+POOL_TASK_INFO_KEY = "pool_task"  # a pool job's state: the pool's task, for a replacement node's setup
 JOB_RANK_ENV = "SKYPILOT_JOB_RANK"
 NUM_JOBS_ENV = "SKYPILOT_NUM_JOBS"
 MAX_WORKERS = 256
@@ -112,3 +113,28 @@ def job_rank_envs(rank: int, num_jobs: int) -> dict[str, str]:
     if not 0 <= rank < num_jobs:
         raise ValueError(f"job rank {rank} is not in 0..{num_jobs - 1}")
     return {JOB_RANK_ENV: str(rank), NUM_JOBS_ENV: str(num_jobs)}
+
+
+def pool_task_record(task: Task) -> dict[str, Any]:
+    """What the pool's record keeps of its task: everything but its secrets' values (their names only), so
+    the record can live in the infra's store; a secret that `$VAR` put into a URL stays a reference."""
+    mapping = task.to_dict(secret_references=True)
+    secrets = sorted(mapping.pop("secrets", None) or {})
+    return {**mapping, "secret_names": secrets} if secrets else mapping
+
+
+def worker_setup_task(job: Task, pool_record_task: Mapping[str, Any]) -> Task:
+    """A pool job's task as a replacement node of its worker needs it: the pool's workdir, file mounts and
+    setup with the job's run, envs and secrets (the pool's own secrets are not kept: a setup that needs one
+    finds it unset). A replacement node runs this setup before the job's next generation starts there."""
+    from airflow_sky.task.task import Task
+
+    mapping = {
+        k: v for k, v in pool_record_task.items() if k not in ("pool", "secret_names", "secrets", "run")
+    }
+    mapping["envs"] = {**(mapping.get("envs") or {}), **job.envs} or None
+    mapping["num_nodes"] = job.num_nodes
+    mapping["resources"] = job.resources.to_dict() or None
+    merged = Task.from_dict({k: v for k, v in mapping.items() if v is not None}, source="the pool's task")
+    merged.run = job.run
+    return merged.update_secrets(job.secrets)
