@@ -70,7 +70,7 @@ def _intervals(lines: list[str]) -> dict[int, tuple[float, float]]:
     """Each trial's [first start, last end] over its nodes."""
     spans: dict[int, list[float]] = {}
     for line in lines:
-        kind, rank, _, _, at = line.split()[:5]
+        _, rank, _, _, at = line.split()[:5]
         spans.setdefault(int(rank), []).append(float(at))
     return {rank: (min(times), max(times)) for rank, times in spans.items()}
 

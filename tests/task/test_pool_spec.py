@@ -96,7 +96,7 @@ def test_a_job_for_a_pool_may_not_bring_its_own_environment(mapping: dict[str, o
 
 
 def test_a_job_for_a_pool_needs_a_run() -> None:
-    with pytest.raises(SpecError, match="job.yaml: run: a job for a pool needs a run section"):
+    with pytest.raises(SpecError, match=r"job.yaml: run: a job for a pool needs a run section"):
         check_pool_job(Task.from_dict({"name": "x"}), "job.yaml")
 
 
