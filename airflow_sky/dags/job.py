@@ -82,6 +82,7 @@ def sky_job(
     outlets: Sequence[Any] | None = None,
     output_extra: dict[str, Any] | None = None,
     output_partition: str | None = None,
+    sweep_plan_task: str | None = None,
 ) -> TaskGroup:
     """The tasks of one SkyPilot-style job, as a TaskGroup in the current DAG.
 
@@ -127,6 +128,7 @@ def sky_job(
     :param outlets: Airflow assets (a checkpoint prefix, an artifact) that get an event when the job
         succeeds (its collect task), with the job and `output_extra` as the event's extra and
         `output_partition` as its partition key (sky_sweep: the trial).
+    :param sweep_plan_task: set by sky_sweep: the task whose XCom says the sweep was cancelled.
 
     Every other step has a deadline of its own (STEP_TIMEOUTS): provisioning, syncing, starting, collecting
     and tearing down never wait forever.
@@ -203,6 +205,7 @@ def sky_job(
             aws_conn_id=aws_conn_id,
             gcp_conn_id=gcp_conn_id,
             sky_pool=pool,
+            sweep_plan_task=sweep_plan_task,
             # An exec provisions nothing; it may wait in the cluster's job queue as long as the jobs before
             # it run (a launch onto a busy cluster waits within provision's deadline).
             execution_timeout=None

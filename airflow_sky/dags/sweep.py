@@ -25,6 +25,7 @@ smaller than the sweep.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,13 +34,15 @@ from airflow.sdk import TaskGroup, XComArg, task
 
 from airflow_sky.dags.job import sky_job
 from airflow_sky.dags.task_path import resolve_task_path
-from airflow_sky.errors import SpecError
-from airflow_sky.operators.base import PROGRESS_XCOM_KEY
+from airflow_sky.errors import JobFailed, SpecError
+from airflow_sky.operators.base import PROGRESS_XCOM_KEY, SWEEP_XCOM_KEY
 from airflow_sky.task import Task
 from airflow_sky.task.env_values import checked_env_values
 from airflow_sky.task.pool import job_rank_envs
 
+log = logging.getLogger(__name__)
 RESULTS_TASK_ID = "results"
+PLAN_TASK_ID = "plan"
 TRIAL_GROUP = "trial_{index}"
 
 
@@ -67,6 +70,8 @@ def sky_sweep(
     max_parallel: int | None = None,
     group_id: str | None = None,
     outlets: Sequence[Any] | None = None,
+    metric: str | None = None,
+    mode: str = "min",
     **job_kwargs: Any,
 ) -> TaskGroup:
     """A sweep of `task` over `params` (one env mapping per trial), as a TaskGroup in the current DAG.
@@ -76,10 +81,14 @@ def sky_sweep(
     :param max_parallel: at most this many trials at once (trial i waits for trial i - max_parallel).
     :param outlets: assets each trial's success emits an event for, with the trial, its params and its last
         step as the event's extra and `trial-<i>` as its partition key.
+    :param metric: the progress metric (or result key) trials are compared by, `mode` "min" or "max": the
+        progress view shows it per trial and marks the best so far.
     :param job_kwargs: passed to every trial's sky_job (infra, artifacts, deferrable, run_timeout, ...).
     """
     if max_parallel is not None and (isinstance(max_parallel, bool) or max_parallel < 1):
         raise SpecError(f"sky_sweep: max_parallel: a whole number >= 1, got {max_parallel!r}")
+    if mode not in ("min", "max"):
+        raise SpecError(f"sky_sweep: mode: 'min' or 'max', got {mode!r}")
     if "cluster_name" in job_kwargs:
         raise SpecError(
             "sky_sweep: cluster_name: every trial needs a cluster of its own (or a pool's worker)"
@@ -88,6 +97,21 @@ def sky_sweep(
     envs = trial_envs(params)
     group_id = group_id or f"{base.name or 'sky'}_sweep".replace("-", "_")
     with TaskGroup(group_id=group_id) as sweep:
+        manifest = {
+            "sweep": sweep.group_id,
+            "metric": metric,
+            "mode": mode,
+            "pool": pool,
+            "trials": [
+                {
+                    "trial": i,
+                    "params": dict(envs[i]),
+                    "group": f"{sweep.group_id}.{TRIAL_GROUP.format(index=i)}",
+                }
+                for i in range(len(envs))
+            ],
+        }
+        plan = plan_sweep.override(task_id=PLAN_TASK_ID)(manifest)
         trials: list[TaskGroup] = []
         for i, env in enumerate(envs):
             trial = sky_job(
@@ -97,8 +121,10 @@ def sky_sweep(
                 outlets=outlets,
                 output_extra={"sweep": group_id, "trial": i, "params": dict(params[i])},
                 output_partition=f"trial-{i}",
+                sweep_plan_task=f"{sweep.group_id}.{PLAN_TASK_ID}",
                 **job_kwargs,
             )
+            plan >> _first_task(trial)
             if max_parallel is not None and i >= max_parallel:
                 # The earlier trial's last task (teardown) ends whatever its job's outcome.
                 _last_task(trials[i - max_parallel]) >> _first_task(trial)
@@ -111,12 +137,18 @@ def sky_sweep(
     return sweep
 
 
+@task
+def plan_sweep(manifest: dict[str, Any], **context: Any) -> None:
+    """The sweep's trials and their params, where the progress view and a cancel find them (XCom)."""
+    context["ti"].xcom_push(key=SWEEP_XCOM_KEY, value=manifest)
+
+
 @task(trigger_rule="all_done")
 def gather_results(
     collect_task_ids: list[str], trial_params: list[dict[str, Any]], **context: Any
 ) -> list[dict[str, Any]]:
-    """Every trial's outcome, in trial order: its number, params, the head's result and its final progress
-    (None for a trial that failed or reported none)."""
+    """Every trial's outcome, in trial order: its number, params, whether it succeeded, the head's result and
+    its final progress (None for a trial that failed or reported none). Fails only when every trial failed."""
     ti = context["ti"]
     outcomes = []
     for i, task_id in enumerate(collect_task_ids):
@@ -124,10 +156,17 @@ def gather_results(
             {
                 "trial": i,
                 "params": trial_params[i],
+                # collect pushes `ranks` once the trial succeeded, whatever its ranks returned
+                "succeeded": ti.xcom_pull(task_ids=task_id, key="ranks") is not None,
                 "result": ti.xcom_pull(task_ids=task_id),
                 "progress": ti.xcom_pull(task_ids=task_id, key=PROGRESS_XCOM_KEY),
             }
         )
+    failed = [o["trial"] for o in outcomes if not o["succeeded"]]
+    if failed and len(failed) == len(outcomes):
+        raise JobFailed(f"every trial of the sweep failed (trials {failed}): no result to hand on")
+    if failed:
+        log.warning("Trials %s of the sweep failed; the others' results are handed on", failed)
     return outcomes
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 
 from airflow.sdk import BaseHook
@@ -30,9 +31,12 @@ class SkyPoolHook(BaseHook):
     def get_conn(self) -> PoolQueue:
         return self._opened[1]
 
-    def wait_for_worker(self, key: str, label: str, say: Callable[[str], None]) -> tuple[str, int]:
-        """Wait (PENDING) for a free worker of the pool; returns (its cluster name, the job's ticket)."""
-        return self.get_conn().wait_for_worker(key, label, self.record.workers, say)
+    def wait_for_worker(
+        self, key: str, label: str, say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep
+    ) -> tuple[str, int]:
+        """Wait (PENDING) for a free worker of the pool; returns (its cluster name, the job's ticket).
+        `sleep` waits between looks (and may raise to stop waiting: a cancelled sweep)."""
+        return self.get_conn().wait_for_worker(key, label, self.record.workers, say, sleep=sleep)
 
     def hand_over(self, worker: str, ticket: int) -> None:
         self.get_conn().hand_over(worker, ticket)

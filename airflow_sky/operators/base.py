@@ -26,6 +26,10 @@ NODE_MAP_INDEX_TEMPLATE = "rank {{ task.node['rank'] }} · {{ task.node['interna
 RESULT_XCOM_KEY = "result"  # every run follow task's {"rank": r, "value": its return.json or None}
 # The job's final progress (gang.job_progress.final_metrics: step, total, metrics per rank, recoveries).
 PROGRESS_XCOM_KEY = "progress"
+# A sweep's plan task (dags.sweep) pushes its trials under SWEEP_XCOM_KEY; a cancel of the sweep pushes the
+# reason under SWEEP_CANCEL_XCOM_KEY to the same task instance, which every trial not yet started reads.
+SWEEP_XCOM_KEY = "sky_sweep"
+SWEEP_CANCEL_XCOM_KEY = "sky_sweep_cancelled"
 JOB_STATUS_XCOM_KEY = "job_status"  # a run follow task's {"status": RECOVERING | RUNNING, "generation": g}
 # The Airflow connection the job's cluster is reached through, when not the infra's default (an ssh pool's
 # connection, an aws/gcp conn_id): the provision task pushes it so the progress view can read the job live.

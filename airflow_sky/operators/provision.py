@@ -6,14 +6,17 @@ import dataclasses
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.state import ClusterClosing
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.hooks.pool import SkyPoolHook
-from airflow_sky.operators.base import CONN_ID_XCOM_KEY, SkyBaseOperator
+from airflow_sky.operators.base import CONN_ID_XCOM_KEY, SWEEP_CANCEL_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.task import GitWorkdir
 from airflow_sky.task.envs import pipeline_task_ids
@@ -78,10 +81,14 @@ class SkyProvisionOperator(SkyBaseOperator):
         aws_conn_id: str | None = None,
         gcp_conn_id: str | None = None,
         sky_pool: str | None = None,
+        sweep_plan_task: str | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.sky_pool = sky_pool  # (not `pool`: an operator's `pool` is the Airflow pool it takes a slot of)
+        self.sweep_plan_task = (
+            sweep_plan_task  # a sweep's trial: its plan task says when the sweep is cancelled
+        )
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id
         self.pipeline = pipeline
@@ -97,15 +104,29 @@ class SkyProvisionOperator(SkyBaseOperator):
         if spec.pool:
             self.sky_pool, self.must_exist, self.down = spec.pool, True, False
 
+    def _skip_if_sweep_cancelled(self, context: Any) -> None:
+        """A trial of a cancelled sweep does not start (skipped, as the trials never reached)."""
+        if self.sweep_plan_task is None:
+            return
+        reason = context["ti"].xcom_pull(task_ids=self.sweep_plan_task, key=SWEEP_CANCEL_XCOM_KEY)
+        if reason:
+            raise AirflowSkipException(f"the sweep was cancelled ({reason}): this trial does not start")
+
     def execute(self, context: Any) -> list[dict[str, Any]]:
         self.mask_secrets()  # (and a managed job's spec adopted: its infra, cluster, down and pool)
+        self._skip_if_sweep_cancelled(context)
         if not self.sky_pool:
             return self._provision(context, None)
         # A pool's job runs on a free worker, set up already: it waits its turn in the pool's queue (PENDING)
         # and holds the worker once it is registered in the worker cluster's own job queue.
         pool = SkyPoolHook(self.sky_pool, self.infra, self.conn_id)
         key = f"{self.dag_id}/{context['run_id']}/{self.task_id}"
-        worker, ticket = pool.wait_for_worker(key, self.sky_task.name or self.task_id, self.log.info)
+
+        def wait(seconds: float) -> None:
+            self._skip_if_sweep_cancelled(context)
+            time.sleep(seconds)
+
+        worker, ticket = pool.wait_for_worker(key, self.sky_task.name or self.task_id, self.log.info, wait)
         try:
             hand_over = functools.partial(pool.hand_over, worker, ticket)
             return self._provision(context, _PoolWorker(worker, hand_over, pool.record.task))

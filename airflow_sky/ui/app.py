@@ -3,9 +3,11 @@
     GET {URL_PREFIX}/api/v1/progress/{dag_id}/{run_id}[?history=0]   the run's jobs and their progress (JSON)
     GET {URL_PREFIX}/progress/{dag_id}/{run_id}[?rank=N]             the page that shows it, refreshed every 2 s
     GET {URL_PREFIX}/static/...                                      the page's script and style (no data)
+    POST {URL_PREFIX}/api/v1/sweeps/{dag_id}/{run_id}/{sweep}/cancel  cancel a sweep (body {"confirm": true})
 
 Both data routes go through Airflow's own auth dependency (`requires_access_dag`: read access to the
-DAG's runs), which takes a bearer JWT or the UI's `_token` cookie, as the UI's own API calls do. The routes
+DAG's runs; the cancel: edit access to them, so a user who may only read the DAG gets 403), which takes a
+bearer JWT or the UI's `_token` cookie, as the UI's own API calls do. The routes
 are plain functions: FastAPI runs them in its threadpool, so reading a cluster never blocks the server's
 event loop.
 """
@@ -17,19 +19,27 @@ from typing import Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Query, status
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel
 
 from airflow_sky.ui.cache import TtlCache
-from airflow_sky.ui.run_jobs import RunNotFound, run_jobs
+from airflow_sky.ui.run_jobs import RunNotFound, found_jobs, run_jobs
+from airflow_sky.ui.sweeps import cancel_sweep
+
+
+class CancelRequest(BaseModel):
+    confirm: bool = False
+
 
 URL_PREFIX = "/airflow-sky"
 STATIC = resources.files("airflow_sky.ui") / "static"
 
 _answers = TtlCache()
 ReadRuns = Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.RUN))
+EditRuns = Depends(requires_access_dag(method="PUT", access_entity=DagAccessEntity.RUN))
 
 
 def create_app() -> FastAPI:
@@ -51,6 +61,21 @@ def create_app() -> FastAPI:
             )
         except RunNotFound as err:
             raise HTTPException(status.HTTP_404_NOT_FOUND, str(err)) from None
+        return answer
+
+    @app.post("/api/v1/sweeps/{dag_id}/{run_id}/{sweep}/cancel", dependencies=[EditRuns])
+    def cancel(
+        dag_id: str, run_id: str, sweep: str, body: CancelRequest, session: SessionDep, user: GetUserDep
+    ) -> dict[str, Any]:
+        # A JSON body: a plain cross-site form cannot send one without the browser asking first (CORS).
+        if not body.confirm:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, 'send {"confirm": true} to cancel the sweep')
+        try:
+            jobs = found_jobs(session, dag_id, run_id)
+            answer = cancel_sweep(session, dag_id, run_id, sweep, user.get_name(), jobs)
+        except (RunNotFound, LookupError) as err:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(err)) from None
+        _answers.clear()
         return answer
 
     @app.get("/progress/{dag_id}/{run_id}", dependencies=[ReadRuns], response_class=HTMLResponse)

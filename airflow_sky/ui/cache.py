@@ -66,6 +66,11 @@ class TtlCache:
                 if read.users == 0:
                     del self._reads[key]
 
+    def clear(self) -> None:
+        """Forget every answer (an action changed what the next read shows)."""
+        with self._guard:
+            self._answers.clear()
+
     def _fresh(self, key: Hashable) -> tuple[float, Any] | None:
         hit = self._answers.get(key)
         return hit if hit is not None and time.monotonic() - hit[0] < self.ttl_s else None

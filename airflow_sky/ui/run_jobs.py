@@ -24,6 +24,7 @@ from airflow_sky.gang.job import JobHandle
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.operators.base import CONN_ID_XCOM_KEY, PROGRESS_XCOM_KEY
 from airflow_sky.ui.live_reads import LiveReads
+from airflow_sky.ui.sweeps import run_sweeps
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +93,14 @@ def live_progress(
     return [results[key] for key in reads]
 
 
-def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = True) -> dict[str, Any]:
-    """The JSON API's answer for one DAG run (the HTTP contract in docs/progress-view.md)."""
+def found_jobs(session: Session, dag_id: str, run_id: str) -> list[tuple[str, JobHandle, str | None]]:
+    """The run's sky jobs: (the sky_job group, the job's handle, the connection it named)."""
     found = session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if found is None:
         raise RunNotFound(f"no DAG run {run_id!r} of DAG {dag_id!r}")
     handles = _xcoms(session, dag_id, run_id, HANDLE_XCOM_KEY)
-    finals = _xcoms(session, dag_id, run_id, PROGRESS_XCOM_KEY)
     conn_ids = _xcoms(session, dag_id, run_id, CONN_ID_XCOM_KEY)
-    found_jobs: list[tuple[str, JobHandle, str | None]] = []
+    jobs: list[tuple[str, JobHandle, str | None]] = []
     for (task_id, map_index), value in sorted(handles.items()):
         if task_id.rpartition(".")[2] != PROVISION_TASK or not isinstance(value, dict):
             continue
@@ -112,10 +112,17 @@ def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = Tr
             )
             continue
         conn_id = conn_ids.get((task_id, map_index))
-        found_jobs.append((group_of(task_id), handle, conn_id if isinstance(conn_id, str) else None))
-    lives = live_progress([(handle, conn_id) for _, handle, conn_id in found_jobs], with_history)
+        jobs.append((group_of(task_id), handle, conn_id if isinstance(conn_id, str) else None))
+    return jobs
+
+
+def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = True) -> dict[str, Any]:
+    """The JSON API's answer for one DAG run (the HTTP contract in docs/progress-view.md)."""
+    found_jobs_ = found_jobs(session, dag_id, run_id)
+    finals = _xcoms(session, dag_id, run_id, PROGRESS_XCOM_KEY)
+    lives = live_progress([(handle, conn_id) for _, handle, conn_id in found_jobs_], with_history)
     jobs = []
-    for (group, handle, _), progress in zip(found_jobs, lives, strict=True):
+    for (group, handle, _), progress in zip(found_jobs_, lives, strict=True):
         source = "live"
         if progress is None:
             final = next(
@@ -137,4 +144,9 @@ def run_jobs(session: Session, dag_id: str, run_id: str, with_history: bool = Tr
                 },
             }
         )
-    return {"dag_id": dag_id, "run_id": run_id, "jobs": jobs}
+    return {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "jobs": jobs,
+        "sweeps": run_sweeps(session, dag_id, run_id, jobs),
+    }

@@ -171,7 +171,8 @@
     return box;
   }
 
-  function chart(name, lines) {
+  function chart(name, lines, label) {
+    label = label || "rank";
     var W = 320, H = 150, L = 44, R = 8, T = 8, B = 20;
     var all = [];
     Object.keys(lines).forEach(function (k) { all = all.concat(lines[k].points); });
@@ -205,7 +206,7 @@
         "stroke-dasharray": line.generation < newest ? "4 3" : "none"
       });
       var title = svgEl("title");
-      title.textContent = "rank " + line.rank + ", generation " + line.generation;
+      title.textContent = label + " " + line.rank + (label === "rank" ? ", generation " + line.generation : "");
       poly.appendChild(title);
       svg.appendChild(poly);
     });
@@ -216,7 +217,7 @@
       var rank = lines[k].rank;
       if (shown[rank]) return;
       shown[rank] = true;
-      var item = el("span", {}, "rank " + rank);
+      var item = el("span", {}, label + " " + rank);
       item.insertBefore(el("i", { "style": "background:" + COLORS[rank % COLORS.length] }), item.firstChild);
       legend.appendChild(item);
     });
@@ -284,7 +285,73 @@
     return text + ": " + parts.join(", ");
   }
 
+  // A sweep (dags/sweep.py): every trial with its params, state, step, ETA and metric, the best so far, one
+  // chart with a line per trial, and a cancel for users who may edit the DAG's runs (the API says 403 else).
+  function sweepSection(sw) {
+    var section = el("section", { "class": "sky-sweep", "data-sweep": sw.sweep });
+    var trials = sw.trials || [];
+    var title = el("h2", {}, "Sweep " + sw.sweep + " — " + trials.length + " trials" + (sw.pool ? " on pool " + sw.pool : ""));
+    section.appendChild(title);
+    var line = num(sw.finished) + " of " + trials.length + " finished";
+    if (sw.percent !== null && sw.percent !== undefined) line += " · " + Number(sw.percent).toFixed(1) + "% of all steps";
+    section.appendChild(el("p", { "class": "sky-sweep-total", "data-field": "sweep-total" }, line));
+    var metric = sw.metric;
+    var table = el("table", { "class": "sky-ranks sky-trials" });
+    var head = el("tr");
+    ["Trial", "Params", "State", "Step", "ETA"].concat(metric ? [metric] : []).forEach(function (h) { head.appendChild(el("th", {}, h)); });
+    table.appendChild(head);
+    trials.forEach(function (t) {
+      var params = Object.keys(t.params || {}).map(function (k) { return k + "=" + t.params[k]; }).join(" ");
+      var row = el("tr", { "class": "sky-trial" + (t.trial === sw.best ? " best" : ""), "data-trial": t.trial, "data-state": t.state });
+      [num(t.trial), params, t.state, t.total ? num(t.step) + "/" + num(t.total) : num(t.step), duration(t.eta_s)]
+        .concat(metric ? [t.value === null || t.value === undefined ? "–" : num(t.value) + (t.trial === sw.best ? " ★" : "")] : [])
+        .forEach(function (c) { row.appendChild(el("td", {}, c)); });
+      table.appendChild(row);
+    });
+    section.appendChild(table);
+    var best = trials.filter(function (t) { return t.trial === sw.best; })[0];
+    if (metric) {
+      section.appendChild(el("p", { "class": "sky-best", "data-trial": best ? best.trial : "" },
+        best ? "Best so far: trial " + best.trial + " (" + metric + " " + num(best.value) + ", " + (sw.mode === "max" ? "highest" : "lowest") + ")" : "No trial has reported " + metric + " yet."));
+      var lines = {};
+      trials.forEach(function (t) {
+        if ((t.history || []).length) lines["t" + ("000" + t.trial).slice(-4)] = { rank: t.trial, generation: 0, points: t.history };
+      });
+      if (Object.keys(lines).length) section.appendChild(chart(metric + " by trial", lines, "trial"));
+    }
+    if (sw.cancelled) {
+      section.appendChild(el("p", { "class": "sky-cancelled" }, "Cancelled: " + sw.cancelled));
+    } else if (sw.finished < trials.length) {
+      var button = el("button", { "class": "sky-cancel", "type": "button" }, "Cancel sweep");
+      button.addEventListener("click", function () { cancelSweep(sw.sweep, button); });
+      section.appendChild(button);
+    }
+    return section;
+  }
+
+  function cancelSweep(sweep, button) {
+    if (!window.confirm("Cancel every trial of sweep " + sweep + "? Running trials are stopped; the others never start.")) return;
+    button.disabled = true;
+    var url = "../../api/v1/sweeps/" + [dagId, runId, sweep].map(encodeURIComponent).join("/") + "/cancel";
+    fetch(url, { method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json", "Accept": "application/json" }, body: JSON.stringify({ confirm: true }) })
+      .then(function (response) {
+        if (!response.ok) throw new Error(response.status === 403 ? "you may not edit this DAG's runs" : response.status + " " + response.statusText);
+        button.textContent = "Cancelling…";
+      })
+      .catch(function (err) {
+        button.disabled = false;
+        statusLine.classList.add("error");
+        statusLine.textContent = "Could not cancel the sweep: " + err.message;
+      });
+  }
+
   function render(data) {
+    var sweepsBox = document.getElementById("sky-sweeps");
+    if (!sweepsBox) {
+      sweepsBox = el("div", { "id": "sky-sweeps" });
+      root.insertBefore(sweepsBox, jobsBox);
+    }
+    sweepsBox.replaceChildren.apply(sweepsBox, (data.sweeps || []).map(sweepSection));
     var seen = {};
     (data.jobs || []).forEach(function (job) {
       var key = job.cluster + "/" + job.job_id;
@@ -300,7 +367,7 @@
       if (!seen[s.getAttribute("data-cluster") + "/" + s.getAttribute("data-job-id")]) s.remove();
     });
     statusLine.classList.remove("error");
-    statusLine.textContent = (data.jobs || []).length ? "" : "This run has no airflow-sky jobs (yet).";
+    statusLine.textContent = (data.jobs || []).length || (data.sweeps || []).length ? "" : "This run has no airflow-sky jobs (yet).";
   }
 
   function load() {
