@@ -128,6 +128,7 @@ class SkyProvisionOperator(SkyBaseOperator):
 
         worker, ticket = pool.wait_for_worker(key, self.sky_task.name or self.task_id, self.log.info, wait)
         try:
+            self._skip_if_sweep_cancelled(context)  # cancelled while it waited: the worker goes back
             hand_over = functools.partial(pool.hand_over, worker, ticket)
             return self._provision(context, _PoolWorker(worker, hand_over, pool.record.task))
         except BaseException:

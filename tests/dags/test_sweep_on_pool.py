@@ -135,3 +135,81 @@ def test_a_sweep_on_a_pool_sets_up_once_per_worker_and_runs_two_trials_at_a_time
     assert daemon.processes_with_marker(f"{POOL}-0") == [] and daemon.processes_with_marker(f"{POOL}-1") == []
     gone = _cli("jobs", "pool", "status", POOL)
     assert gone.returncode != 0 and "no such pool on local" in gone.stderr
+
+
+PREEMPT_RUN = r"""
+echo "start $SKYPILOT_JOB_RANK $SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT $(python3 -c 'import json, os; print(json.loads(os.environ["SKYPILOT_CLUSTER_INFO"])["cluster_name"])')" >> {probe}/trials
+test -f ~/.pool-setup-done || {{ echo "rank $SKYPILOT_NODE_RANK has no pool setup"; exit 3; }}
+if [ "$SKYPILOT_JOB_RANK" = 1 ] && [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 300; fi
+sleep 2
+echo "end $SKYPILOT_JOB_RANK $SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> {probe}/trials
+"""
+
+PREEMPT_POOL_FILE = """
+pool:
+  workers: 2
+num_nodes: 2
+setup: |
+  touch ~/.pool-setup-done
+  echo "setup $SKYPILOT_SETUP_NODE_RANK" >> {probe}/setups
+"""
+
+PREEMPT_DAG = """
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_sweep
+
+with DAG("preempted_sweep", schedule=None) as dag:
+    trial = Task(name="trial", num_nodes=2, run={run!r})
+    sky_sweep(trial, params=[{{"LR": "1"}}, {{"LR": "2"}}], pool={pool!r}, max_parallel=2, trigger_min_wait_s=0)
+"""
+
+
+def test_a_preempted_node_of_one_trial_recovers_that_trial_with_the_pools_setup_and_leaves_the_other(
+    run_dag, tmp_path: Path
+) -> None:
+    import threading
+    import time
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    pool = "preemptp"
+    (tmp_path / "pool.yaml").write_text(PREEMPT_POOL_FILE.format(probe=probe))
+    preempted: dict[str, object] = {}
+
+    def preempt_trial_1_rank_1() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            lines = (probe / "trials").read_text().splitlines() if (probe / "trials").exists() else []
+            started = [line.split() for line in lines if line.startswith("start 1 ")]
+            if len(started) == 2:
+                cluster = started[0][4]
+                preempted["cluster"] = cluster
+                preempted["node"] = LocalCloud().preempt(cluster, 1).instance_id
+                return
+            time.sleep(0.5)
+
+    try:
+        applied = _cli("jobs", "pool", "apply", "-p", pool, str(tmp_path / "pool.yaml"), "-y")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        watcher = threading.Thread(target=preempt_trial_1_rank_1, daemon=True)
+        watcher.start()
+        result = run_dag(
+            "preempted_sweep", PREEMPT_DAG.format(run=PREEMPT_RUN.format(probe=probe), pool=pool)
+        )
+        watcher.join(timeout=10)
+        assert result.returncode == 0, result.digest
+        assert preempted.get("node"), preempted
+        ends = sorted(
+            line.split()[1:4]
+            for line in (probe / "trials").read_text().splitlines()
+            if line.startswith("end")
+        )
+        # Trial 0 ran once on each rank; trial 1 ended in its second generation on each rank.
+        assert ends == [["0", "0", "0"], ["0", "1", "0"], ["1", "0", "1"], ["1", "1", "1"]], ends
+        # The replacement node got the pool's setup (a fifth setup line), so trial 1's rank 1 found it.
+        assert len((probe / "setups").read_text().splitlines()) == 5
+        assert "RECOVER" in result.output or "Relaunching job" in result.output
+    finally:
+        down = _cli("jobs", "pool", "down", pool, "-y")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert [c for c in LocalCloud().clusters() if c.startswith(pool)] == []

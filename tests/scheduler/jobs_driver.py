@@ -16,7 +16,10 @@ Runs inside a private network namespace (see stack.py). The scenario, as a user 
 4. a pipeline runs its tasks in order; one longer than the DAG's slots is refused locally;
 5. `jobs launch` of a task with `workdir: .`, a local file and an s3:// file_mount: the CLI uploads the local
    files to the jobs bucket (moto's S3 server, started here, in the namespace), every rank prints all three,
-   and the run's prefix is removed when it ends.
+   and the run's prefix is removed when it ends;
+6. `jobs pool apply` of a 2-worker pool, `jobs launch --pool --num-jobs 3`: every job runs on a worker
+   (SKYPILOT_JOB_RANK 0..2), never more than 2 at once, no setup per job; a job with a setup is refused
+   locally; `jobs pool status` shows the workers idle after; `jobs pool down` ends them.
 
 Writes a JSON report: the CLI outputs, the statuses `jobs queue` showed, the runs' confs and Variables, and
 what the jobs bucket holds.
@@ -328,11 +331,54 @@ def scenario(
     _until("the files job's uploads to be removed", lambda: not _uploaded(s3, files_run), 180, report)
     report["files_left"] = _uploaded(s3, files_run)
     report["jobs_bucket_left"] = s3.keys(JOBS_BUCKET)
+    _pool_jobs(env, probe, report)
     report["runs_total"] = _get(client, "/api/v2/dags/airflow_sky_jobs/dagRuns").json()["total_entries"]
     report["hostile"] = {run_id: _refusal(client, env, run_id, report) for run_id in HOSTILE}
     report["clusters_left"] = [
         c for c in LocalCloud().clusters() if c.startswith(("managed-", "airflow-sky-jobs"))
     ]
+
+
+POOL_FILE = """pool:
+  workers: 2
+setup: echo "setup $(hostname)" >> {probe}/pool-setups
+"""
+POOL_JOB = """name: pooled
+run: |
+  echo "start $SKYPILOT_JOB_RANK $SKYPILOT_NUM_JOBS $(date +%s.%N)" >> {probe}/pool-jobs
+  sleep 4
+  echo "end $SKYPILOT_JOB_RANK $SKYPILOT_NUM_JOBS $(date +%s.%N)" >> {probe}/pool-jobs
+"""
+
+
+def _pool_jobs(env: dict[str, str], probe: Path, report: dict[str, Any]) -> None:
+    """6. A pool and three managed jobs on it."""
+    (probe / "pool.yaml").write_text(POOL_FILE.format(probe=probe))
+    (probe / "pool-job.yaml").write_text(POOL_JOB.format(probe=probe))
+    (probe / "pool-job-setup.yaml").write_text(POOL_JOB.format(probe=probe) + "setup: echo no\n")
+    applied = _cli(env, "jobs", "pool", "apply", "-p", "mpool", str(probe / "pool.yaml"), "-y", timeout=300)
+    report["pool_apply"] = {"rc": applied.returncode, "output": applied.stdout + applied.stderr}
+    refused = _cli(env, "jobs", "launch", "--pool", "mpool", str(probe / "pool-job-setup.yaml"))
+    report["pool_refused"] = {"rc": refused.returncode, "output": refused.stdout + refused.stderr}
+    launched = _cli(env, "jobs", "launch", "--pool", "mpool", "--num-jobs", "3", str(probe / "pool-job.yaml"))
+    report["pool_launch"] = {"rc": launched.returncode, "output": launched.stdout + launched.stderr}
+    ids = [line.split()[2] for line in launched.stdout.splitlines() if line.startswith("Managed job")]
+    report["pool_statuses"] = _until(
+        "the pool's jobs to end",
+        lambda: (
+            (q := _queue(env))
+            and all(q.get(i) in ("SUCCEEDED", "FAILED", "CANCELLED") for i in ids)
+            and [q[i] for i in ids]
+        ),
+        420,
+        report,
+    )
+    report["pool_jobs"] = _starts(probe, "pool-jobs")
+    report["pool_setups"] = _starts(probe, "pool-setups")
+    status = _cli(env, "jobs", "pool", "status", "mpool")
+    report["pool_status"] = status.stdout + status.stderr
+    down = _cli(env, "jobs", "pool", "down", "mpool", "-y", timeout=300)
+    report["pool_down"] = {"rc": down.returncode, "output": down.stdout + down.stderr}
 
 
 def _paused_dag_refuses_launches(
@@ -434,6 +480,7 @@ def main(config_path: str, report_path: str) -> int:
             # The clusters the CLI names (`-c managed-train`), and the bucket a task mounts besides its uploads.
             "AIRFLOW__SKY__MANAGED_CLUSTER_NAMES": "managed-*",
             "AIRFLOW__SKY__MANAGED_BUCKETS": "s3://inputs",
+            "AIRFLOW__SKY__MANAGED_POOLS": "mpool",
         }
     )
     with log.open("wb") as out:

@@ -104,8 +104,30 @@ def test_a_managed_job_starts_on_a_fresh_stack_outlives_its_cli_recovers_a_preem
         assert conf["task"]["file_mounts"]["~/inputs"] == "s3://inputs/data", context
         assert report["files_left"] == [] and report["jobs_bucket_left"] == [], context
         assert report["long_uploaded"] is True, context
-        # train, long, pipeline, files and the two hostile confs: none from the ones the CLI refused.
-        assert report["runs_total"] == 6, context
+        # A pool's jobs: set up once per worker, 3 jobs with their ranks, never more than 2 at once.
+        assert report["pool_apply"]["rc"] == 0, context
+        assert (
+            report["pool_refused"]["rc"] == 2
+            and "setup: a job for a pool may not have setup" in (report["pool_refused"]["output"])
+        ), context
+        assert (
+            report["pool_launch"]["rc"] == 0
+            and "Jobs submitted with IDs: " in report["pool_launch"]["output"]
+        )
+        assert report["pool_statuses"] == ["SUCCEEDED"] * 3, context
+        assert len(report["pool_setups"]) == 2, context  # at apply, once per worker
+        starts = sorted(line.split()[1:3] for line in report["pool_jobs"] if line.startswith("start"))
+        assert starts == [["0", "3"], ["1", "3"], ["2", "3"]], context
+        spans = {}
+        for line in report["pool_jobs"]:
+            kind, rank, _, at = line.split()
+            spans.setdefault(rank, {})[kind] = float(at)
+        for span in spans.values():
+            assert sum(1 for s in spans.values() if s["start"] <= span["start"] <= s["end"]) <= 2, context
+        assert report["pool_status"].count("idle") == 2 and "0/2 busy" in report["pool_status"], context
+        assert report["pool_down"]["rc"] == 0, context
+        # train, long, pipeline, files, 3 pool jobs and the two hostile confs: none the CLI refused.
+        assert report["runs_total"] == 9, context
         # The hostile confs: refused by the deployment's policy in the spec task, before any node.
         worker_path, infra = (report["hostile"][run_id] for run_id in HOSTILE)
         assert "task.file_mounts./tmp/k" in worker_path["spec_log"], context
