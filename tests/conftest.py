@@ -46,8 +46,10 @@ SLOWEST_FILES = (
     "tests/cli/test_first_user.py",
     "tests/dags/test_pipelines.py",
     "tests/scheduler/test_shared_cluster.py",
+    "tests/ui/test_sweep_view_browser.py",  # an Airflow stack, a minGPT sweep on a pool, Chromium: ~2-4 min
     "tests/ui/test_progress_api.py",  # an API server, two jobs and Chromium: ~105 s on an idle machine
     "tests/dags/test_progress_dag.py",  # three `airflow dags test` runs: ~110 s
+    "tests/dags/test_sweep_on_pool.py",  # two pools, two sweeps under `airflow dags test`: ~85 s
     "tests/cli/test_progress_cli.py",  # a kept 2-node cluster, two launches: ~115 s on a loaded machine
     "tests/cli/test_sky_launch_forms.py",  # a kept cluster, four launches/execs: ~140 s on a loaded machine
     "tests/cli/test_sky_cluster_forms.py",  # ~75 s

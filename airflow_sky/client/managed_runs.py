@@ -46,6 +46,8 @@ class ManagedJob:
     # As the deployment's airflow-sky plugin reports it (gang.queue_progress: step, total, percent, rate,
     # eta_s); None when the job reports none, or the deployment has no plugin to ask.
     progress: dict[str, Any] | None = None
+    pool: str | None = None  # the pool it runs on (`jobs launch --pool`)
+    num_jobs: int | None = None  # its submission's SKYPILOT_NUM_JOBS (`--num-jobs`)
 
 
 def queue(
@@ -229,7 +231,15 @@ def _job(
         duration_s=((ended or datetime.now(UTC)) - started).total_seconds() if started else None,
         infra=str(first.get("infra") or "local"),
         progress=_progress(client, dag_id, run["dag_run_id"]) if groups else None,
+        pool=first["pool"] if isinstance(first.get("pool"), str) else None,
+        num_jobs=_num_jobs(task),
     )
+
+
+def _num_jobs(task: Mapping[str, Any]) -> int | None:
+    envs = task.get("envs")
+    value = envs.get("SKYPILOT_NUM_JOBS") if isinstance(envs, Mapping) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _progress(client: AirflowApi, dag_id: str, run_id: str) -> dict[str, Any] | None:

@@ -375,6 +375,7 @@ def _pool_jobs(env: dict[str, str], probe: Path, report: dict[str, Any]) -> None
     )
     report["pool_jobs"] = _starts(probe, "pool-jobs")
     report["pool_setups"] = _starts(probe, "pool-setups")
+    report["pool_queue"] = _cli(env, "jobs", "queue").stdout
     status = _cli(env, "jobs", "pool", "status", "mpool")
     report["pool_status"] = status.stdout + status.stderr
     down = _cli(env, "jobs", "pool", "down", "mpool", "-y", timeout=300)

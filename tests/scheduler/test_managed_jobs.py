@@ -124,6 +124,7 @@ def test_a_managed_job_starts_on_a_fresh_stack_outlives_its_cli_recovers_a_preem
             spans.setdefault(rank, {})[kind] = float(at)
         for span in spans.values():
             assert sum(1 for s in spans.values() if s["start"] <= span["start"] <= s["end"]) <= 2, context
+        assert "Pool mpool, pooled: 3 job(s): 3 succeeded" in report["pool_queue"], context
         assert report["pool_status"].count("idle") == 2 and "0/2 busy" in report["pool_status"], context
         assert report["pool_down"]["rc"] == 0, context
         # train, long, pipeline, files, 3 pool jobs and the two hostile confs: none the CLI refused.

@@ -136,6 +136,14 @@ def run(config: dict[str, Any], report: dict[str, Any], stage: Stage, passwords:
         client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/pick/xcomEntries/return_value"
     )
     report["first"]["picked"] = picked.json().get("value") if picked.status_code == 200 else None
+    results_task = next(
+        t["task_id"] for t in report["first"]["task_instances"] if t["task_id"].endswith(".results")
+    )
+    results = _get(
+        client,
+        f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{results_task}/xcomEntries/return_value",
+    )
+    report["first"]["results"] = results.json().get("value") if results.status_code == 200 else None
 
     def eval_runs() -> list[dict[str, Any]] | None:
         runs = _get(client, f"/api/v2/dags/{config['eval_dag_id']}/dagRuns").json()["dag_runs"]

@@ -182,10 +182,12 @@ def test_the_view_showed_every_trial_and_the_best_and_changed_while_they_ran(swe
 
 
 def test_the_downstream_task_got_all_results_and_picked_the_lowest_loss(swept: dict[str, Any]) -> None:
-    picked = swept["first"]["picked"]
-    assert picked is not None, swept["context"]
-    assert picked["params"]["LR"] in LRS and picked["result"]["final_loss"] > 0
-    assert picked["trial"] == LRS.index(picked["params"]["LR"])
+    picked, results = swept["first"]["picked"], swept["first"]["results"]
+    assert picked is not None and results is not None, swept["context"]
+    assert [r["trial"] for r in results] == [0, 1, 2, 3] and all(r["succeeded"] for r in results), results
+    assert [r["params"]["LR"] for r in results] == list(LRS)
+    lowest = min(results, key=lambda r: r["result"]["final_loss"])
+    assert picked["trial"] == lowest["trial"] and picked["params"]["LR"] == LRS[lowest["trial"]], results
 
 
 def test_the_eval_dag_ran_once_per_trial_from_the_checkpoint_asset(swept: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColum
 from rich.table import Table
 from rich.text import Text
 
+from airflow_sky.client.cli.pool import pool_lines
 from airflow_sky.client.cli.progress_cells import eta_cell, progress_cell
 from airflow_sky.errors import SpecError
 
@@ -224,6 +225,8 @@ def _queue(args: argparse.Namespace) -> int:
         console.print("No unfinished managed jobs." if args.skip_finished else "No managed jobs.")
         return 0
     console.print(queue_table(jobs, datetime.now(UTC), console.width))
+    for line in pool_lines(jobs):  # each pool submission's totals
+        console.print(line)
     return 0
 
 

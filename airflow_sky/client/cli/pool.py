@@ -13,13 +13,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from airflow_sky.client.cli.arguments import add_env_arguments
 from airflow_sky.client.cli.tables import Column, fitted_table
 from airflow_sky.errors import SpecError
+
+if TYPE_CHECKING:  # (not at run time: it imports the DAG module, hence Airflow)
+    from airflow_sky.client.managed_jobs import ManagedJob
 
 
 def register(commands: Any) -> None:
@@ -179,6 +183,30 @@ def launch_on_pool(args: argparse.Namespace, task: Any, confirm: Any, follow: An
         )
         return 0
     return int(follow(ids[0], detach_hint=True))
+
+
+def pool_lines(jobs: Sequence[ManagedJob]) -> list[str]:
+    """`jobs queue`'s summary of each pool submission it lists (pool, name, --num-jobs): how many jobs are in
+    each status, and the share of all their steps done where they report progress (pure)."""
+    groups: dict[tuple[str, str, int | None], list[ManagedJob]] = {}
+    for job in jobs:
+        if job.pool is not None:
+            groups.setdefault((job.pool, job.name, job.num_jobs), []).append(job)
+    lines = []
+    for (pool, name, num_jobs), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        counts: dict[str, int] = {}
+        for job in members:
+            counts[job.status] = counts.get(job.status, 0) + 1
+        states = ", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
+        shown = (
+            f"{len(members)} of {num_jobs}" if num_jobs and num_jobs != len(members) else str(len(members))
+        )
+        steps = [(p["step"], p["total"]) for j in members if (p := j.progress) and p.get("total")]
+        done = sum(1 for j in members if j.status == "SUCCEEDED")
+        total = sum(t for _, t in steps)
+        share = f"; {100 * sum(min(s, t) for s, t in steps) / total:.0f}% of their steps" if total else ""
+        lines.append(f"Pool {pool}, {name}: {shown} job(s): {states}{share} ({done} done)")
+    return lines
 
 
 def _ask(question: str) -> bool:
