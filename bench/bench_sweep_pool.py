@@ -44,32 +44,21 @@ with DAG({dag_id!r}, schedule=None) as dag:
 """
 
 
-def _airflow(env: dict[str, str], *args: str) -> float:
+def _timed_run(env: dict[str, str], *command: str) -> float:
+    """Seconds `command` took; exits with its output when it fails."""
     started = time.perf_counter()
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "airflow"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    proc = subprocess.run(list(command), env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        sys.exit(f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+        sys.exit(f"{' '.join(command)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     return time.perf_counter() - started
+
+
+def _airflow(env: dict[str, str], *args: str) -> float:
+    return _timed_run(env, str(Path(sys.executable).parent / "airflow"), *args)
 
 
 def _sky(env: dict[str, str], *args: str) -> float:
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "airflow_sky.client.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        sys.exit(f"airflow-sky {' '.join(args)} failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    return time.perf_counter() - started
+    return _timed_run(env, sys.executable, "-m", "airflow_sky.client.cli", *args)
 
 
 def main() -> None:

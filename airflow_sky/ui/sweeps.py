@@ -132,11 +132,13 @@ def _rank0_history(progress: Mapping[str, Any], metric: str | None) -> list[list
     return []
 
 
-def _xcoms(session: Session, dag_id: str, run_id: str, key: str) -> dict[str, Any]:
-    rows = session.scalars(
-        select(XComModel).where(XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == key)
+def _xcoms(session: Session, dag_id: str, run_id: str, key: str, task_suffix: str = "") -> dict[str, Any]:
+    query = select(XComModel).where(
+        XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == key
     )
-    return {row.task_id: XComModel.deserialize_value(row) for row in rows}
+    if task_suffix:  # only those tasks' values: a run's other tasks may return anything, of any size
+        query = query.where(XComModel.task_id.endswith(task_suffix))
+    return {row.task_id: XComModel.deserialize_value(row) for row in session.scalars(query)}
 
 
 def run_sweeps(
@@ -158,8 +160,7 @@ def run_sweeps(
     }
     results = {
         task_id.rpartition(".")[0]: value
-        for task_id, value in _xcoms(session, dag_id, run_id, "return_value").items()
-        if task_id.endswith(".collect")
+        for task_id, value in _xcoms(session, dag_id, run_id, "return_value", ".collect").items()
     }
     cancelled = _xcoms(session, dag_id, run_id, SWEEP_CANCEL_XCOM_KEY)
     summaries = []

@@ -61,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
     print_infra_effects(task, infra, args.file)
     print_container_note(task, infra, args.file)
     print_gpu_note(task, infra)
+    if task.pool is not None:  # a pool file: say how it is used (a launch would run only its setup)
+        print(
+            f"airflow-sky: note: a pool file ({task.pool.workers} worker(s) of {task.num_nodes} node(s)): create "
+            f"it with `airflow-sky jobs pool apply -p <name> {args.file}`",
+            file=sys.stderr,
+        )
     needs = launch_needs(task, args.file)
     if needs is not None:
         print(f"airflow-sky: note: {needs}", file=sys.stderr)
