@@ -133,7 +133,9 @@ def sky_sweep(
             [f"{trial.group_id}.collect" for trial in trials], [dict(p) for p in params]
         )
         for trial in trials:
-            trial >> results  # every trial's end, its teardown included, whatever its outcome
+            # Every trial's end, its teardown included (a group's leaves leave its teardown out).
+            trial >> results
+            _last_task(trial) >> results
     return sweep
 
 

@@ -64,7 +64,7 @@ class SkyJobSpecOperator(BaseOperator):
         user = triggering_user(context)
         # Before anything is provisioned, and on the conf's own cluster name (a run's own is always fine).
         spec.check_policy(deployment_policy(), task, source, user)
-        if spec.cluster_name is None:
+        if spec.cluster_name is None and spec.pool is None:  # (a pool's job gets its worker's cluster)
             # A pipeline's jobs run one after the other, each on a cluster of its own (as in SkyPilot).
             job = f"job{self.index + 1}" if len(confs) > 1 else None
             spec = dataclasses.replace(spec, cluster_name=run_cluster_name(self.dag_id, job))
@@ -77,7 +77,7 @@ class SkyJobSpecOperator(BaseOperator):
             user or "no user",
             task.num_nodes,
             spec.infra,
-            spec.cluster_name,
+            spec.cluster_name or f"a worker of pool {spec.pool}",
             "torn down at the end" if spec.down else "kept",
         )
         return spec.to_conf()

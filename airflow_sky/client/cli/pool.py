@@ -157,13 +157,14 @@ def _down(args: argparse.Namespace) -> int:
 def launch_on_pool(args: argparse.Namespace, task: Any, confirm: Any, follow: Any) -> int:
     """`jobs launch --pool P [--num-jobs N]`: N managed jobs, each waiting for a free worker of P."""
     from airflow_sky.client import managed_jobs
-    from airflow_sky.task.pool import job_rank_envs
+    from airflow_sky.task.pool import check_pool_job, job_rank_envs
 
     count = 1 if args.num_jobs is None else args.num_jobs
     if count < 1:
         raise SpecError(f"--num-jobs: must be a whole number >= 1, got {count}")
     if args.cluster:
         raise SpecError("-c/--cluster: a pool's jobs run on the pool's workers; give no cluster")
+    check_pool_job(task, args.file or "the job")  # before anything is said or submitted
     print(f"Submitting to pool {args.pool!r} with {count} job(s).")
     ids = []
     for rank in range(count):
