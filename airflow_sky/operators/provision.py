@@ -35,6 +35,13 @@ def default_cluster_name(dag_id: str, run_id: str, job: str | None = None) -> st
     return sanitize_cluster_name(f"{dag_id[:12]}-{job[:10]}-{digest}")
 
 
+def trial_cluster_name(dag_id: str, run_id: str, group: str) -> str:
+    """A sweep trial's own cluster (a sweep without a pool): one per trial of each DAG run, its group id in
+    the hash, so that trials (and two sweeps of one DAG) never share one."""
+    digest = hashlib.sha256(json.dumps([dag_id, run_id, group]).encode()).hexdigest()[:16]
+    return sanitize_cluster_name(f"{dag_id[:12]}-{group.rpartition('.')[2][:10]}-{digest}")
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineSlot:
     """Where a job sits in a pipeline: SKYPILOT_TASK_IDS names every task of it, and the job its own."""
@@ -140,9 +147,15 @@ class SkyProvisionOperator(SkyBaseOperator):
         run_id = context["run_id"]
         job = self.task_id.rsplit(".", 1)[0] if self.pipeline and "." in self.task_id else None
         # Normalized here too: a DAG's cluster_name (sky_job's keyword, a run conf's) is rendered only now.
-        name = sanitize_cluster_name(
-            worker.cluster if worker else self.cluster_name or default_cluster_name(self.dag_id, run_id, job)
-        )
+        if worker is not None:
+            name = worker.cluster
+        elif self.cluster_name:
+            name = self.cluster_name
+        elif self.sweep_plan_task is not None:  # a trial of a sweep without a pool: a cluster of its own
+            name = trial_cluster_name(self.dag_id, run_id, self.task_id.rpartition(".")[0])
+        else:
+            name = default_cluster_name(self.dag_id, run_id, job)
+        name = sanitize_cluster_name(name)
         hook = SkyClusterHook(name, self.infra, self.conn_id)
         no_effect = no_effect_warning(self.task_id, self.sky_task.resources, self.infra)
         if no_effect is not None:

@@ -213,3 +213,28 @@ def test_a_preempted_node_of_one_trial_recovers_that_trial_with_the_pools_setup_
         down = _cli("jobs", "pool", "down", pool, "-y")
     assert down.returncode == 0, down.stdout + down.stderr
     assert [c for c in LocalCloud().clusters() if c.startswith(pool)] == []
+
+
+OWN_CLUSTERS_DAG = """
+from airflow.sdk import DAG
+from airflow_sky import Task, sky_sweep
+
+with DAG("own_clusters_sweep", schedule=None) as dag:
+    trial = Task(name="trial", run={run!r})
+    sky_sweep(trial, params=[{{"LR": "1"}}, {{"LR": "2"}}, {{"LR": "3"}}], max_parallel=2)
+"""
+
+
+def test_a_sweep_without_a_pool_gives_each_trial_a_cluster_of_its_own_and_tears_it_down(
+    run_dag, tmp_path: Path
+) -> None:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    run = f"""echo "$SKYPILOT_JOB_RANK $(python3 -c 'import json, os; print(json.loads(os.environ["SKYPILOT_CLUSTER_INFO"])["cluster_name"])')" >> {probe}/trials"""
+    result = run_dag("own_clusters_sweep", OWN_CLUSTERS_DAG.format(run=run))
+    assert result.returncode == 0, result.digest
+    lines = sorted(line.split() for line in (probe / "trials").read_text().splitlines())
+    assert [rank for rank, _ in lines] == ["0", "1", "2"]
+    clusters = {cluster for _, cluster in lines}
+    assert len(clusters) == 3, lines  # never one cluster shared by the trials (nor a queue between them)
+    assert not clusters & set(LocalCloud().clusters())  # each torn down by its trial's teardown
