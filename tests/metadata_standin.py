@@ -13,9 +13,11 @@ first notice it sees), so exactly one node is warned, as when the cloud takes on
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 TOKEN = "tok-123"
 
@@ -85,3 +87,29 @@ def metadata_standin() -> Iterator[MetadataStandIn]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def warn_a_rank(standin: MetadataStandIn, probe: Path, deadline_s: float = 300) -> str | None:
+    """Once both ranks of generation 0 are up (`up-<rank>-0` in `probe`), give the first node that asks a
+    notice; return the rank whose job got SIGTERM (`sigterm-<rank>-0`), 3 s after it did (the worker holds
+    the rank's exit meanwhile: the cloud still says the instance runs), or None by the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and not all((probe / f"up-{r}-0").exists() for r in "01"):
+        time.sleep(0.2)
+    standin.announce(once=True)  # the first node to ask gets the notice (each asks every few seconds)
+    while time.monotonic() < deadline:
+        warned = [r for r in "01" if (probe / f"sigterm-{r}-0").exists()]
+        if warned:
+            time.sleep(3)
+            return warned[0]
+        time.sleep(0.2)
+    return None
+
+
+def steps_by_generation(probe: Path, rank: int) -> dict[str, list[int]]:
+    """The training steps rank `rank` wrote to `probe/steps-<rank>`, by generation."""
+    by_generation: dict[str, list[int]] = {}
+    for line in (probe / f"steps-{rank}").read_text().splitlines():
+        generation, step = line.split()
+        by_generation.setdefault(generation, []).append(int(step))
+    return by_generation

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from tests.aws.conftest import REGION, boto, live_instances, play_dag_env
 from tests.aws.test_aws_contract import TEST_IMAGE_PARAMETER, published_image  # noqa: F401 - fixture
 from tests.aws.test_aws_jobs import _rank_instance
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
-from tests.metadata_standin import metadata_standin
+from tests.metadata_standin import metadata_standin, steps_by_generation, warn_a_rank
 from tests.play_nodes import play_node_index
 
 # Steps every 0.2 s to 80; a checkpoint per rank in the probe dir on SIGTERM (and every 20 steps); resumes.
@@ -46,14 +45,6 @@ while step < 80:
 save()
 EOF
 """
-
-
-def _steps(probe: Path, rank: int) -> dict[str, list[int]]:
-    by_generation: dict[str, list[int]] = {}
-    for line in (probe / f"steps-{rank}").read_text().splitlines():
-        generation, step = line.split()
-        by_generation.setdefault(generation, []).append(int(step))
-    return by_generation
 
 
 def test_a_spot_rank_warned_by_imds_checkpoints_runs_its_hook_and_resumes_on_a_new_instance(
@@ -90,14 +81,10 @@ with DAG("aws_notice_job", schedule=None) as dag:
     with metadata_standin() as standin:
 
         def interrupt() -> None:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not all((tmp_path / f"up-{r}-0").exists() for r in "01"):
-                time.sleep(0.2)
-            standin.announce(once=True)  # the first node to ask gets the notice (each asks every 5 s)
-            while time.monotonic() < deadline and not warned:
-                warned.extend(r for r in "01" if (tmp_path / f"sigterm-{r}-0").exists())
-                time.sleep(0.2)
-            time.sleep(3)  # the worker holds the rank's exit meanwhile: EC2 says the instance runs
+            rank = warn_a_rank(standin, tmp_path)
+            if rank is None:
+                return
+            warned.append(rank)
             # Then AWS takes the instance (and the machine playing it dies with it).
             instance = _rank_instance(moto_endpoint, cluster, int(warned[0]))
             assert instance is not None
@@ -123,7 +110,7 @@ with DAG("aws_notice_job", schedule=None) as dag:
     # Both ranks checkpointed on SIGTERM (the warned one on its notice, the other on the relaunch) and the
     # new generation started at the next step: no step done twice.
     for r in "01":
-        steps = _steps(tmp_path, int(r))
+        steps = steps_by_generation(tmp_path, int(r))
         assert steps["1"][0] == steps["0"][-1] + 1, (r, steps["0"][-3:], steps["1"][:3])
         assert steps["1"][-1] == 80
     assert re.search(rf"rank {rank} generation 1 from step [1-9]", result.output)

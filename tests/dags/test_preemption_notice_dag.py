@@ -20,6 +20,7 @@ from airflow_sky.infra.local import daemon
 from airflow_sky.infra.local.cloud import LocalCloud
 from airflow_sky.infra.registry import open_cluster
 from tests.dags.test_bucket_mounts import _dag, _env, s3  # noqa: F401 - the moto S3 server fixture
+from tests.metadata_standin import steps_by_generation
 
 CLI = [sys.executable, "-m", "airflow_sky.client.cli"]
 
@@ -71,14 +72,6 @@ def _task(bucket: str, probe: Path) -> str:
     return f"Task.from_dict({spec!r})"
 
 
-def _steps(probe: Path, rank: int) -> dict[str, list[int]]:
-    by_generation: dict[str, list[int]] = {}
-    for line in (probe / f"steps-{rank}").read_text().splitlines():
-        generation, step = line.split()
-        by_generation.setdefault(generation, []).append(int(step))
-    return by_generation
-
-
 def _when_training(probe: Path, act) -> threading.Thread:  # type: ignore[no-untyped-def]
     """`act()` once rank 1 of generation 0 is 30 steps in (past its first periodic checkpoint)."""
 
@@ -126,11 +119,11 @@ def test_a_noticed_preemption_runs_the_hook_replaces_the_node_before_its_deadlin
         assert "(hook 1, rank 1) preemption hook on rank 1: preemption" in hooks_cli.stdout, hooks_cli
         # No step done twice: every rank resumed where it stopped, from the checkpoint written on SIGTERM.
         for rank in (0, 1):
-            steps = _steps(tmp_path, rank)
+            steps = steps_by_generation(tmp_path, rank)
             assert steps["1"][0] == steps["0"][-1] + 1, (rank, steps["0"][-3:], steps["1"][:3])
             assert steps["1"][-1] == 120
         resumed = re.findall(r"rank=1[^)]*\) resumed from step (\d+)", result.output)
-        assert resumed and int(resumed[0]) == _steps(tmp_path, 1)["0"][-1]
+        assert resumed and int(resumed[0]) == steps_by_generation(tmp_path, 1)["0"][-1]
         # The job state has the notice (the infra's word) and the replacement was up before the deadline.
         (state,) = JobStates(open_cluster(cluster, "local").state_store()).all()
         (notice,) = state.info["notices"]

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from airflow_sky.infra.gcp import vms
 from airflow_sky.infra.gcp.cloud import ENDPOINT_RESOLVER_ENV
-from tests.aws.test_aws_notice_job import TRAIN, _steps
+from tests.aws.test_aws_notice_job import TRAIN
 from tests.dags.conftest import airflow_home, run_dag  # noqa: F401 - `airflow dags test` fixtures
 from tests.gcp.conftest import REGION
 from tests.gcp.fake_gce import FakeGce
-from tests.metadata_standin import metadata_standin
+from tests.metadata_standin import metadata_standin, steps_by_generation, warn_a_rank
 from tests.play_nodes import PLAY_ENV, play_node_index
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,14 +52,10 @@ with DAG("gcp_notice_job", schedule=None) as dag:
     with metadata_standin() as standin:
 
         def preempt() -> None:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not all((tmp_path / f"up-{r}-0").exists() for r in "01"):
-                time.sleep(0.2)
-            standin.announce(once=True)  # the first node to ask gets the notice (each asks every 2 s)
-            while time.monotonic() < deadline and not warned:
-                warned.extend(r for r in "01" if (tmp_path / f"sigterm-{r}-0").exists())
-                time.sleep(0.2)
-            time.sleep(3)  # the worker holds the rank's exit meanwhile: GCE says the VM runs
+            rank = warn_a_rank(standin, tmp_path)
+            if rank is None:
+                return
+            warned.append(rank)
             with gce.lock:
                 name = next(
                     n
@@ -85,7 +80,7 @@ with DAG("gcp_notice_job", schedule=None) as dag:
     assert f"RECOVER: node of rank {rank} lost" in result.output
     assert (tmp_path / f"hook-{rank}").exists() and not (tmp_path / f"hook-{other}").exists()
     for r in "01":
-        steps = _steps(tmp_path, int(r))
+        steps = steps_by_generation(tmp_path, int(r))
         assert steps["1"][0] == steps["0"][-1] + 1, (r, steps["0"][-3:], steps["1"][:3])
         assert steps["1"][-1] == 80
     assert gce.live(cluster) == []

@@ -45,7 +45,10 @@ def test_skypilot_pool_file_is_a_pool_and_check_gives_no_warning(
     assert main(["check", str(path)]) == 0
     _, err = capsys.readouterr()
     assert "warning" not in err and "parsed but not acted on" not in err, err
-    assert f"a pool file ({spec.workers} worker(s) of 1 node(s)): create it with `airflow-sky jobs pool apply" in err
+    assert (
+        f"a pool file ({spec.workers} worker(s) of 1 node(s)): create it with `airflow-sky jobs pool apply"
+        in err
+    )
 
 
 @pytest.mark.parametrize("path", JOB_FILES, ids=[p.parent.name for p in JOB_FILES])
