@@ -35,6 +35,7 @@ QUEUE_KEY = "queue"
 WAITING_STALE_S = 60.0  # a waiter that did not renew its ticket for this long (store clock) is gone
 ASSIGNED_STALE_S = 600.0  # a job that took a worker and never registered on it died before it could
 POLL_S = 2.0
+RECENT_JOBS = 32  # how far back a worker's jobs are read to know whether one still holds it
 
 
 def pool_store_name(pool: str) -> str:
@@ -94,9 +95,18 @@ def fresh_assignments(assigned: Mapping[str, Any], now: float) -> dict[str, dict
     }
 
 
-def free_workers(workers: Sequence[str], busy: Callable[[str], bool], taken: Mapping[str, Any]) -> list[str]:
-    """The workers no job holds, in the pool's order (pure given `busy`)."""
-    return [w for w in workers if w not in taken and not busy(w)]
+def free_workers(
+    workers: Sequence[str], busy: Callable[[str], bool], taken: Mapping[str, Any], enough: int | None = None
+) -> list[str]:
+    """The workers no job holds, in the pool's order (pure given `busy`); with `enough`, the first that many
+    (a waiter needs to know only whether its place has one: each `busy` is a read of a worker's jobs)."""
+    free: list[str] = []
+    for worker in workers:
+        if enough is not None and len(free) >= enough:
+            break
+        if worker not in taken and not busy(worker):
+            free.append(worker)
+    return free
 
 
 def place_in_line(ticket: int, live_tickets: Sequence[int]) -> int:
@@ -183,14 +193,20 @@ class PoolQueue:
         return live
 
     def busy(self, worker: str, now: float) -> bool:
+        """Whether a job holds `worker`: its cluster's newest RECENT_JOBS jobs are read, not its whole history
+        (a worker runs one job at a time, so a job still live is among its latest; a long-lived pool's
+        workers gather thousands of records, and every waiter asks every POLL_S)."""
         jobs = self.worker_jobs(worker)
         index = jobs.index()
-        admitted = (index.data.get(ADMITTED_KEY) if index else None) or {}
-        return worker_is_busy(jobs.stamped(), admitted, now)
-
-    def assignments(self, now: float) -> dict[str, dict[str, Any]]:
-        record = self.store.get(QUEUE_KEY)
-        return fresh_assignments((record.data.get("assigned") or {}) if record else {}, now)
+        data = index.data if index else {}
+        admitted = data.get(ADMITTED_KEY) or {}
+        newest = int(data.get("next") or 1)
+        recent = []
+        for job_id in range(max(1, newest - RECENT_JOBS), newest):
+            record = jobs.store.get(jobs.key(job_id))
+            if record is not None:
+                recent.append((js.JobState.from_dict(record.data), record.written_at))
+        return worker_is_busy(recent, admitted, now)
 
     def try_take(self, ticket: int, key: str, workers: Sequence[str], now: float) -> str | None:
         """Take a free worker if `ticket`'s turn has come; None: wait on."""
@@ -198,7 +214,7 @@ class PoolQueue:
         place = place_in_line(ticket, live)
         record = self.store.get(QUEUE_KEY)
         taken = fresh_assignments((record.data.get("assigned") or {}) if record else {}, now)
-        free = free_workers(workers, lambda w: self.busy(w, now), taken)
+        free = free_workers(workers, lambda w: self.busy(w, now), taken, enough=place + 1)
         if place >= len(free):
             return None
         chosen = free[place]

@@ -146,6 +146,9 @@ def test_many_jobs_at_once_never_share_a_worker(tmp_path: Path) -> None:
 def test_place_in_line_and_free_workers_rules() -> None:
     assert gp.place_in_line(5, [2, 5, 7]) == 1
     assert gp.free_workers(["a", "b", "c"], lambda w: w == "b", {"c": {}}) == ["a"]
+    asked: list[str] = []
+    assert gp.free_workers(["a", "b", "c"], lambda w: asked.append(w) is not None, {}, enough=1) == ["a"]
+    assert asked == ["a"]  # a waiter first in line reads no worker past the first free one
     fresh = gp.fresh_assignments({"a": {"at": 1000.0}, "b": {"at": 0.0}}, 1000.0 + 1)
     assert list(fresh) == ["a"]
 
