@@ -174,9 +174,16 @@ def pools(infra: str = "local") -> list[str]:
 
 
 def down(pool: str, say: Callable[[str], None], infra: str = "local") -> None:
-    """Tear down every worker of `pool` (its `down` hooks first) and forget the pool."""
+    """Forget `pool` (a job still waiting for a worker fails, saying so), cancel the jobs on its workers,
+    then tear every worker down (its `down` hooks first)."""
     record, queue = open_queue(check_pool_name(pool), infra)
     write_pool(queue.store, None)  # no job takes a worker from now on
+    now = queue.store.now()
+    for name in record.workers:
+        if queue.busy(name, now):
+            cancelled = sdk.cancel(name, all=True)
+            if cancelled:
+                say(f"Worker {name}: cancelled job(s) {', '.join(map(str, cancelled))}")
     for name in record.workers:
         _down_worker(name, say)
     say(f"Pool {pool!r} is down ({len(record.workers)} worker(s) terminated)")

@@ -267,6 +267,8 @@ class PoolQueue:
         try:
             while True:
                 now = self._renew(ticket)
+                if read_pool(self.store) is None:  # `jobs pool down` while this job waited
+                    raise ClusterError("the pool was taken down while this job waited for a worker")
                 chosen = self.try_take(ticket, key, workers, now)
                 if chosen is not None:
                     say(f"Pool worker {chosen} runs this job (ticket {ticket})")

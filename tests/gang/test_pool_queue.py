@@ -27,6 +27,7 @@ class Pool:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.queue = gp.PoolQueue(LocalStateStore(root / "pool"), self.jobs)
+        gp.write_pool(self.queue.store, gp.PoolRecord("p", "local", WORKERS, 1, {}, 0.0))
 
     def jobs(self, worker: str) -> js.JobStates:
         return js.JobStates(LocalStateStore(self.root / worker))
@@ -141,6 +142,19 @@ def test_many_jobs_at_once_never_share_a_worker(tmp_path: Path) -> None:
         t.join(timeout=60)
     assert not overlaps
     assert sorted(ran) == sorted(f"job-{i}" for i in range(8))
+
+
+def test_a_job_waiting_when_the_pool_is_taken_down_fails_saying_so(tmp_path: Path) -> None:
+    pool = Pool(tmp_path)
+    worker, _ = pool.queue.wait_for_worker("a", "a", WORKERS[:1], print, sleep=_no_sleep)
+    pool.register(worker, "a")
+
+    def pool_down(_: float) -> None:  # `jobs pool down` while the second job waits
+        gp.write_pool(pool.queue.store, None)
+
+    with pytest.raises(ClusterError, match="the pool was taken down while this job waited for a worker"):
+        pool.queue.wait_for_worker("b", "b", WORKERS[:1], print, sleep=pool_down)
+    assert pool.queue.waiting(pool.queue.store.now()) == []  # its ticket is not left in line
 
 
 def test_place_in_line_and_free_workers_rules() -> None:
