@@ -42,6 +42,7 @@ SLOWEST_FILES = (
     "tests/deploy/test_abandoned_run.py",
     "tests/scheduler/test_managed_jobs.py",
     "tests/ssh/test_ssh_jobs.py",
+    "tests/ssh/test_pool_workers.py",  # a pool of ssh hosts and a sweep on it: ~90 s
     "tests/dags/test_sky_job_dag.py",
     "tests/cli/test_first_user.py",
     "tests/dags/test_pipelines.py",

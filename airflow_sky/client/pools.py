@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_sky.client import sdk
+from airflow_sky.client.cluster_lookup import infra_of
 from airflow_sky.client.engine import LaunchOptions
 from airflow_sky.client.events import Event
 from airflow_sky.errors import ClusterError
@@ -131,9 +132,16 @@ def open_queue(pool: str, infra: str) -> tuple[PoolRecord, PoolQueue]:
     return record, PoolQueue(store, lambda worker: js.JobStates(cloud.state_store(worker)))
 
 
-def status(pool: str, infra: str = "local") -> PoolStatus:
+def pool_infra(pool: str, infra: str | None = None) -> str:
+    """Where `pool` is: `infra` when given, else where this machine launched its first worker (the cluster
+    index apply fills), else local."""
+    return infra_of(worker_cluster_name(check_pool_name(pool), 0), infra)
+
+
+def status(pool: str, infra: str | None = None) -> PoolStatus:
     """Each worker's state and job, and the jobs waiting for one."""
-    record, queue = open_queue(check_pool_name(pool), infra)
+    infra = pool_infra(pool, infra)
+    record, queue = open_queue(pool, infra)
     cloud = get_cloud(infra)
     now = queue.store.now()
     workers = []
@@ -173,10 +181,10 @@ def pools(infra: str = "local") -> list[str]:
     return sorted(found)
 
 
-def down(pool: str, say: Callable[[str], None], infra: str = "local") -> None:
+def down(pool: str, say: Callable[[str], None], infra: str | None = None) -> None:
     """Forget `pool` (a job still waiting for a worker fails, saying so), cancel the jobs on its workers,
     then tear every worker down (its `down` hooks first)."""
-    record, queue = open_queue(check_pool_name(pool), infra)
+    record, queue = open_queue(pool, pool_infra(pool, infra))
     write_pool(queue.store, None)  # no job takes a worker from now on
     now = queue.store.now()
     for name in record.workers:

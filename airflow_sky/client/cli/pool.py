@@ -40,12 +40,14 @@ def register(commands: Any) -> None:
 
     status = actions.add_parser("status", help="each pool's workers, the job on each, the jobs waiting")
     status.add_argument("pools", nargs="*", metavar="POOL", help="these pools (default: every pool)")
-    status.add_argument("--infra", default="local", help="where the pools are (default local)")
+    status.add_argument(
+        "--infra", help="where the pools are (default: local and where this machine applied pools)"
+    )
     status.set_defaults(handler=_status)
 
     down = actions.add_parser("down", help="tear down every worker of a pool and forget the pool")
     down.add_argument("pools", nargs="+", metavar="POOL", help="the pools")
-    down.add_argument("--infra", default="local", help="where the pools are (default local)")
+    down.add_argument("--infra", help="where the pools are (default: where this machine applied them)")
     down.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     down.set_defaults(handler=_down)
 
@@ -106,7 +108,7 @@ def _status(args: argparse.Namespace) -> int:
 
     names = args.pools or pools.pools(args.infra)
     if not names:
-        print(f"No pools on {args.infra}.")
+        print(f"No pools on {args.infra}." if args.infra else "No pools.")
         return 0
     rows = []
     pending: list[str] = []
@@ -165,13 +167,16 @@ def launch_on_pool(args: argparse.Namespace, task: Any, confirm: Any, follow: An
     if args.cluster:
         raise SpecError("-c/--cluster: a pool's jobs run on the pool's workers; give no cluster")
     check_pool_job(task, args.file or "the job")  # before anything is said or submitted
+    from airflow_sky.client.pools import pool_infra
+
+    infra = args.infra or task.resources.infra or pool_infra(args.pool)  # where this machine applied it
     print(f"Submitting to pool {args.pool!r} with {count} job(s).")
     ids = []
     for rank in range(count):
         ids.append(
             managed_jobs.launch(
                 task.with_envs(job_rank_envs(rank, count)),
-                infra=args.infra or task.resources.infra,
+                infra=infra,
                 pool=args.pool,
                 confirm=confirm if rank == 0 else None,
             )
