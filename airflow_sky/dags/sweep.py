@@ -105,7 +105,7 @@ def sky_sweep(
             "trials": [
                 {
                     "trial": i,
-                    "params": dict(envs[i]),
+                    "params": {str(k): str(v) for k, v in params[i].items()},  # as the trial's envs
                     "group": f"{sweep.group_id}.{TRIAL_GROUP.format(index=i)}",
                 }
                 for i in range(len(envs))

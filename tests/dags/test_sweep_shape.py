@@ -28,6 +28,8 @@ def test_each_trial_is_a_job_group_with_its_params_and_rank_and_lanes_bound_the_
     results = dag.get_task("t_sweep.results")
     assert {f"t_sweep.trial_{i}.teardown" for i in range(3)} <= results.upstream_task_ids
     assert results.trigger_rule == "all_done"
+    manifest = dag.get_task("t_sweep.plan").op_args[0]
+    assert manifest["trials"][1] == {"trial": 1, "params": {"LR": "0.01"}, "group": "t_sweep.trial_1"}
     collect = dag.get_task("t_sweep.trial_1.collect")
     assert collect.run_follow_task_id == "t_sweep.trial_1.run_follow"  # the prefixed id inside the sweep
     assert collect.output_partition == "trial-1" and collect.output_extra["params"] == {"LR": 0.01}
