@@ -42,12 +42,10 @@ SLOWEST_FILES = (
     "tests/deploy/test_abandoned_run.py",
     "tests/scheduler/test_managed_jobs.py",
     "tests/ssh/test_ssh_jobs.py",
-    "tests/ssh/test_pool_workers.py",  # a pool of ssh hosts and a sweep on it: ~90 s
     "tests/dags/test_sky_job_dag.py",
     "tests/cli/test_first_user.py",
     "tests/dags/test_pipelines.py",
     "tests/scheduler/test_shared_cluster.py",
-    "tests/ui/test_sweep_view_browser.py",  # an Airflow stack, a minGPT sweep on a pool, Chromium: ~2-4 min
     "tests/ui/test_progress_api.py",  # an API server, two jobs and Chromium: ~105 s on an idle machine
     "tests/dags/test_progress_dag.py",  # three `airflow dags test` runs: ~110 s
     "tests/dags/test_sweep_on_pool.py",  # two pools, two sweeps under `airflow dags test`: ~85 s
@@ -55,6 +53,10 @@ SLOWEST_FILES = (
     "tests/cli/test_sky_launch_forms.py",  # a kept cluster, four launches/execs: ~140 s on a loaded machine
     "tests/cli/test_sky_cluster_forms.py",  # ~75 s
     "tests/docs/test_guide_samples.py",  # the guide's minGPT launch: ~50 s
+    # Last of the slow ones: started once the first waves of stacks are over (with them, the machine was loaded
+    # enough for jobs_cli's exec waits and the wide job's sshd hosts to time out).
+    "tests/ui/test_sweep_view_browser.py",  # an Airflow stack, a minGPT sweep on a pool, Chromium: ~2 min idle
+    "tests/ssh/test_pool_workers.py",  # a pool of ssh hosts and a sweep on it: ~90 s
 )
 
 # Set before any test module imports Airflow: nothing may write to ~/airflow or ~/.airflow_sky.

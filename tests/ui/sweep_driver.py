@@ -12,7 +12,7 @@ who may only read), and:
   3. triggers the sweep again; once two trials run, asks the cancel as the viewer (refused) and as admin;
      waits for the run to end and reads the pool's workers (idle, up).
 
-CONFIG: {"home", "pool", "pool_file", "dag_id", "eval_dag_id", "trials", "timeout_s"}
+CONFIG: {"home", "pool", "pool_file", "dag_id", "eval_dag_id", "trials", "hold", "timeout_s"}
 REPORT: {"stage", "error"?, "apply", "reads": [...], "first": {"state", "task_instances", "results"},
          "eval_runs": [...], "cancel": {"viewer", "admin", "state", "trials", "workers"}}
 """
@@ -152,7 +152,8 @@ def run(config: dict[str, Any], report: dict[str, Any], stage: Stage, passwords:
 
     report["eval_runs"] = stage.wait("the eval DAG to run once per trial", eval_runs)
 
-    # The second run, cancelled once two trials run.
+    # The second run, cancelled once two trials run (its trials hold until then: config["hold"]).
+    Path(config["hold"]).touch()
     run_id = _trigger(client, dag_id)
 
     def two_running() -> dict[str, Any] | None:

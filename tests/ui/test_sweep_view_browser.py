@@ -42,6 +42,8 @@ setup: |
 """
 
 TRIAL_RUN = r"""
+# The second (cancelled) run's trials wait here until they are cancelled: never done before the cancel.
+if [ -f {probe}/hold ]; then sleep 600; fi
 echo "start $SKYPILOT_JOB_RANK $SKYPILOT_NUM_JOBS $SKYPILOT_NODE_RANK $(date +%s.%N)" >> {probe}/trials
 SNAPSHOT_PATH=$HOME/ckpt/trial-$SKYPILOT_JOB_RANK.pt
 mkdir -p $HOME/ckpt
@@ -123,6 +125,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "dag_id": DAG_ID,
         "eval_dag_id": EVAL_DAG_ID,
         "trials": len(LRS),
+        "hold": str(probe / "hold"),
         "timeout_s": 600,
     }
     try:
