@@ -46,34 +46,9 @@ class Search:
 
 def candidate_infras() -> tuple[list[str], list[tuple[str, str]]]:
     """The infras to ask, local first, and (what, why) for configuration that could not be read."""
-    from airflow_sky.infra.registry import supported_infras
+    from airflow_sky.infra.registry import configured_infras
 
-    infras = ["local"]
-    problems: list[tuple[str, str]] = []
-    for name in supported_infras():
-        if name == "ssh":
-            pools, problem = _pool_names()
-            infras.extend(f"ssh/{pool}" for pool in pools)
-            if problem is not None:
-                problems.append(("ssh", problem))
-        elif name != "local":
-            infras.append(name)
-    return infras, problems
-
-
-def _pool_names() -> tuple[list[str], str | None]:
-    from airflow_sky.errors import SpecError
-    from airflow_sky.infra.ssh.pools import pool_files, read_pool_file
-
-    names: list[str] = []
-    for path in pool_files():
-        if not path.is_file():
-            continue
-        try:
-            names.extend(name for name in read_pool_file(path) if name not in names)
-        except SpecError as e:
-            return names, str(e)
-    return names, None
+    return configured_infras()
 
 
 def has_cluster(infra: str, cluster_name: str) -> bool:

@@ -23,7 +23,39 @@ if TYPE_CHECKING:  # loads Airflow, which engine.prepare_airflow must configure 
 
 
 def not_found_row(name: str) -> dict[str, Any]:
-    return {"name": name, "infra": None, "status": "NOT_FOUND", "nodes": [], "autostop": None}
+    return {
+        "name": name,
+        "infra": None,
+        "status": "NOT_FOUND",
+        "nodes": [],
+        "autostop": None,
+        "cost_per_hour": None,
+        "idle_since": None,
+        "owner": None,
+    }
+
+
+def fleet_fields(cluster: Cluster, up: bool) -> dict[str, Any]:
+    """What the fleet ledger and the job records say of a cluster: its cost per hour now, since when it
+    has been idle (an UP cluster without a live job), and who owns it. A ledger or job store that does not
+    answer leaves them unknown: `status` still lists the cluster."""
+    from airflow_sky.gang import state as js
+    from airflow_sky.gang.fleet import idle_since
+    from airflow_sky.infra import ledger
+
+    try:
+        record = cluster.ledger_record()
+        states = js.JobStates(cluster.state_store()).all() if up else []
+    except Exception:  # the nodes' statuses came from the infra; these are an aid
+        return {"cost_per_hour": None, "idle_since": None, "owner": None}
+    launched = float(record["launched_at"]) if record and record.get("launched_at") else None
+    return {
+        "cost_per_hour": ledger.cost_per_hour(record) if record else None,
+        "idle_since": idle_since([s for s in states if not s.info.get(js.RUNS_NOTHING_KEY)], launched)
+        if up
+        else None,
+        "owner": record.get("owner") if record else None,
+    }
 
 
 def status_row(cluster: Cluster, nodes: Sequence[Node]) -> dict[str, Any]:
@@ -42,6 +74,7 @@ def status_row(cluster: Cluster, nodes: Sequence[Node]) -> dict[str, Any]:
         "status": summary,
         "nodes": [n.to_dict() for n in nodes],
         "autostop": cluster.autostop_setting() if summary == "UP" and armable else None,
+        **fleet_fields(cluster, summary == "UP"),
     }
 
 

@@ -10,6 +10,7 @@ import contextlib
 import copy
 import dataclasses
 import fcntl
+import getpass
 import os
 import secrets
 import subprocess
@@ -25,6 +26,7 @@ from airflow_sky.client.limits import raise_open_file_limit
 from airflow_sky.errors import SkyError
 from airflow_sky.gang.job import JobHandle, Phase
 from airflow_sky.infra.home import sky_home
+from airflow_sky.infra.ledger import LAUNCHED_BY_ENV
 from airflow_sky.task.launch import Launch
 from airflow_sky.task.launch import LaunchOptions as LaunchOptions  # the CLI's and the SDK's import
 from airflow_sky.task.redaction import task_redactor
@@ -104,6 +106,7 @@ def prepare_airflow() -> Path:
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "INFO")
+    os.environ.setdefault(LAUNCHED_BY_ENV, getpass.getuser())  # the owner of the clusters it brings up
     marker = home / ".migrated"
     if not marker.exists():
         _migrate_once(home, marker)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -274,31 +272,10 @@ def stop(cluster_name: str, log: Callable[[str], None] = _hooks_log.info) -> boo
     """Stop every node of a cluster, keeping its disks (`sky stop`), its `stop` hooks first (output to
     `log`); `start` or a launch starts it again. False when every node was stopped already (nothing done).
     The nodes stop themselves as autostop stops them: only infras with autostop can (local, aws, gcp)."""
-    from airflow_sky.gang.lifecycle import run_hooks
-    from airflow_sky.infra.base import NodeStatus
+    from airflow_sky.gang import fleet
 
-    cluster, nodes = _existing(cluster_name)
-    if nodes and all(n.status is NodeStatus.STOPPED for n in nodes):
-        return False
-    try:
-        action = cluster.cloud.autostop_action(cluster_name, down=False)
-        cluster.cloud.prepare_autostop(cluster_name, down=False)
-    except ClusterError as e:
-        raise ClusterError(
-            f"cannot stop cluster {cluster_name!r}: the {cluster.infra} infra cannot stop its nodes "
-            f"({_first_clause(e)}); end it with: airflow-sky down {cluster_name}"
-        ) from e
-    running = [n for n in nodes if n.status is NodeStatus.RUNNING]
-    run_hooks(cluster, "stop", log, nodes=running)
-    for node in running:
-        with cluster.client(node) as client:
-            rc, _, err = client.exec(
-                f"nohup sh -c {shlex.quote('sleep 1; ' + action)} >/dev/null 2>&1 &", timeout=60
-            )
-        if rc != 0:
-            raise ClusterError(f"could not stop rank {node.rank}: {err.decode(errors='replace').strip()}")
-    _wait_for(cluster, NodeStatus.STOPPED, f"cluster {cluster_name!r} did not stop")
-    return True
+    cluster, _ = _existing(cluster_name)
+    return fleet.stop(cluster, log, wait_s=_STOP_WAIT_S)
 
 
 def start(cluster_name: str) -> None:
@@ -313,6 +290,7 @@ def start(cluster_name: str) -> None:
         raise ClusterError(f"cluster {cluster_name!r} is not stopped ({states}); nothing to start")
     cluster.record_autostop(None)  # its nodes come back without their watchers (`autostop -i` re-arms)
     started = cluster.cloud.provision(ProvisionRequest(cluster_name=cluster_name, num_nodes=len(nodes)))
+    cluster.record_provisioned(started, None, f"started again ({len(started)} node(s))")
     cluster_again = cluster_of(cluster_name)
     ssh_config.write_entries(cluster_name, started, cluster_again.key_files(started))
 
@@ -331,21 +309,6 @@ def autostop(cluster_name: str, idle_minutes: int | None, down: bool = False) ->
 
 
 _STOP_WAIT_S = 600.0  # a cloud VM takes minutes to stop
-
-
-def _wait_for(cluster: Cluster, wanted: Any, failure: str) -> None:
-    deadline = time.monotonic() + _STOP_WAIT_S
-    while time.monotonic() < deadline:
-        nodes = cluster.nodes()
-        if nodes and all(n.status is wanted for n in nodes):
-            return
-        time.sleep(1.0)
-    states = ", ".join(f"rank {n.rank}: {n.status.value}" for n in cluster.nodes())
-    raise ClusterError(f"{failure} within {_STOP_WAIT_S:.0f}s ({states})")
-
-
-def _first_clause(error: Exception) -> str:
-    return str(error).split(";", 1)[0].split(": ", 1)[-1]
 
 
 def status(

@@ -33,6 +33,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
 
 from airflow_sky.dags.job import sky_job
+from airflow_sky.gang.fleet import MANAGED_DAG_ID
 from airflow_sky.operators.managed import (
     SkyForgetSecretsOperator,
     SkyJobSpecOperator,
@@ -40,7 +41,6 @@ from airflow_sky.operators.managed import (
 )
 from airflow_sky.operators.managed_leftovers import SkyRemoveLeftoversOperator
 
-MANAGED_DAG_ID = "airflow_sky_jobs"
 JOB_GROUP = "job"  # the task group of the job's phases: job.provision, job.run_follow, ...
 
 

@@ -279,6 +279,16 @@ def _relaunch(
             # Still up until its deadline: what its preemption hooks printed is kept before it goes.
             keep_preemption_hooks(cluster, current, task, handle, state.generation)
             log(f"The node of rank {rank} got a preemption notice: replacing it before it goes")
+        with_notice = (current is not None and current.status is NodeStatus.PREEMPTING) or any(
+            n.get("rank") == rank for n in noticed
+        )
+        gone = "gone" if current is None else current.status.value
+        cluster.record_event(
+            "preempted",
+            f"rank {rank} ({node.instance_id}): {gone}, "
+            + ("after a preemption notice" if with_notice else "without a notice"),
+            rank,
+        )
         log(f"Replacing the node of rank {rank} ({node.internal_ip}, {node.instance_id})")
         try:
             nodes[rank] = cluster.replace(rank)

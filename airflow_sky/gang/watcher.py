@@ -272,10 +272,12 @@ class PhaseWatcher:
             recorded = KILLED_EXIT_CODE if code is None else code
             why = reason if not decision.reason or code is not None else f"{reason} ({decision.reason})"
             self.log(f"rank {rank}: {why}: failing the {self.phase} on every rank")
-            state, _ = self.states.update(
+            state, changed = self.states.update(
                 self.job_id,
                 lambda s: js.phase_failed(s, self.phase, self.generation, rank, recorded, why, now),
             )
+            if changed and self.phase == "setup":  # the cluster's event (a failed run is the job's own)
+                self.cluster.record_event("setup failed", f"job {self.job_id}, rank {rank}: {why}", rank)
             return state
         if notices and decision.action is Action.RECOVER:
             ranks = ", ".join(str(r) for r in sorted(notices))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from airflow_sky.gang.phases import (
     register_job,
 )
 from airflow_sky.gang.pool import record_pool_task
+from airflow_sky.infra import ledger
 from airflow_sky.infra.base import Node
 from airflow_sky.infra.cluster import Cluster
 from airflow_sky.infra.local.daemon import check_shared_mounts
@@ -135,13 +137,16 @@ class SkyClusterHook(BaseHook):
 
     # ---- cluster ---------------------------------------------------------------------------------------
 
-    def provision(self, task: Task, retry_until_up: bool = False) -> list[Node]:
+    def provision(
+        self, task: Task, retry_until_up: bool = False, owner: dict[str, str | None] | None = None
+    ) -> list[Node]:
         """Bring the cluster to at least the task's node count; an existing larger cluster is kept as is.
 
         retry_until_up: when no placement has capacity, keep trying (with backoff) instead of failing.
+        owner: who the fleet ledger says owns a cluster this brings up (ledger.owner_of).
         """
         return self.cluster.provision(
-            task.num_nodes, task.resources, job_name=task.name, retry_until_up=retry_until_up
+            task.num_nodes, task.resources, job_name=task.name, retry_until_up=retry_until_up, owner=owner
         )
 
     def check_autostop(self, task: Task) -> None:
@@ -166,6 +171,14 @@ class SkyClusterHook(BaseHook):
 
     def terminate(self) -> None:
         self.cluster.terminate()
+
+    def cost_since(self, since: float | None) -> dict[str, Any] | None:
+        """What the cluster's nodes cost from `since` (a run's start) to now, from the fleet ledger
+        (ledger.summary: node-hours times the catalog's hourly price); None when the ledger has no record."""
+        record = self.cluster.ledger_record()
+        if record is None:
+            return None
+        return ledger.summary(record, time.time(), since)
 
     def run_lifecycle_hooks(
         self,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_sky.errors import ClusterError
+from airflow_sky.infra.ledger import Billing
 from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.record import Node, NodeStatus
 from airflow_sky.task import Resources
@@ -157,3 +158,8 @@ class Cloud(abc.ABC):
     def clusters(self) -> Sequence[str]:
         """Names of the clusters this infra knows about."""
         return []
+
+    def billing(self, cluster_name: str) -> Billing | None:
+        """What one node of the cluster costs by the hour (its instance type, the catalog's price); None
+        where nothing is billed by the hour (local nodes, ssh pool hosts)."""
+        return None

@@ -12,11 +12,13 @@ import copy
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_sky.errors import ClusterError
 from airflow_sky.infra import provision_log
 from airflow_sky.infra.base import Cloud, ClusterInfo, Node, NodeStatus, ProvisionRequest
+from airflow_sky.infra.ledger import STORE as LEDGER_STORE
+from airflow_sky.infra.ledger import Billing, Ledger
 from airflow_sky.infra.ports import port_numbers, ports_to_open
 from airflow_sky.infra.state_store import StateStore
 from airflow_sky.node.autostop import NodeAutostop, arm_command, disarm_command
@@ -53,8 +55,10 @@ class Cluster:
         *,
         job_name: str | None = None,
         retry_until_up: bool = False,
+        owner: dict[str, str | None] | None = None,
     ) -> list[Node]:
-        """Bring the cluster to at least `num_nodes` running nodes; an existing larger cluster is kept."""
+        """Bring the cluster to at least `num_nodes` running nodes; an existing larger cluster is kept.
+        `owner` ({dag_id, run_id, user}) goes into the fleet ledger of a cluster this call brings up."""
         existing = self.cloud.nodes(self.name)
         running = [n for n in existing if n.status is NodeStatus.RUNNING]
         # A cluster that is up is reused as it is, unless the task asks for ports it has not opened: the
@@ -66,6 +70,10 @@ class Cluster:
                 resources = copy.copy(resources)
                 resources.ports = ports
         if len(existing) >= num_nodes and len(running) == len(existing) and ports is None:
+            if running:  # a cluster launched before the ledger was kept gets its record now
+                self.record_provisioned(
+                    existing, owner, f"reused with {len(existing)} node(s)", only_new=True
+                )
             return existing
         if any(n.status is NodeStatus.STOPPED for n in existing):
             self.record_autostop(None)  # restarted nodes run no watcher until armed again
@@ -76,7 +84,11 @@ class Cluster:
             job_name=job_name,
             retry_until_up=retry_until_up,
         )
-        return provision_log.provisioned(self.state_store(), request, existing, self.cloud.provision)
+        nodes = provision_log.provisioned(self.state_store(), request, existing, self.cloud.provision)
+        billing = self.cloud.billing(self.name) if nodes else None
+        kind = f", {billing.instance_type}{' (spot)' if billing.use_spot else ''}" if billing else ""
+        self.record_provisioned(nodes, owner, f"{len(nodes)} node(s){kind}", billing=billing)
+        return nodes
 
     def nodes(self) -> list[Node]:
         """Every node of the cluster, ordered by rank, with its current status (no side effects)."""
@@ -120,10 +132,58 @@ class Cluster:
 
     def replace(self, rank: int) -> Node:
         """A fresh node that takes over `rank` (new address, empty disk)."""
-        return self.cloud.replace(self.name, rank)
+        old = next((n.instance_id for n in self.nodes() if n.rank == rank), "?")
+        node = self.cloud.replace(self.name, rank)
+        fleet = self.ledger()
+        fleet.safely("replace", lambda: fleet.node_replaced(self.name, rank, old, node.instance_id))
+        return node
 
     def terminate(self) -> None:
         self.cloud.terminate(self.name)
+        fleet = self.ledger()
+        fleet.safely("teardown", lambda: fleet.torn_down(self.name))
+
+    # ---- the fleet ledger (who owns it, what it costs, what happened) -------------------------------------
+
+    def ledger(self) -> Ledger:
+        """The infra's fleet ledger (a store of its own beside the clusters', which outlives them)."""
+        return Ledger(self.cloud.state_store(LEDGER_STORE))
+
+    def ledger_record(self) -> dict[str, Any] | None:
+        return self.ledger().get(self.name)
+
+    def record_event(self, kind: str, text: str, rank: int | None = None) -> None:
+        """One event in the cluster's ledger (preempted, setup failed, ...); never fails the caller."""
+        fleet = self.ledger()
+        fleet.safely(kind, lambda: fleet.event(self.name, kind, text, rank))
+
+    def record_off_the_bill(self, kind: str, text: str) -> None:
+        """Every node stopped or gone (a stop, an autostop found): off the bill, with an event."""
+        fleet = self.ledger()
+        fleet.safely(kind, lambda: fleet.off_the_bill(self.name, kind, text))
+
+    def record_provisioned(
+        self,
+        nodes: Sequence[Node],
+        owner: dict[str, str | None] | None,
+        what: str,
+        billing: Billing | None = None,
+        only_new: bool = False,
+    ) -> None:
+        """The nodes that run now, on the bill (a provision, a start); `only_new`: only when the ledger
+        has no record of the cluster yet."""
+        fleet = self.ledger()
+        running = {n.rank: n.instance_id for n in nodes if n.status is NodeStatus.RUNNING}
+
+        def write() -> None:
+            if only_new:
+                record = fleet.get(self.name)
+                if record is not None and record.get("ended_at") is None:
+                    return
+            found = billing if billing is not None else self.cloud.billing(self.name)
+            fleet.provisioned(self.name, self.infra, running, owner, found, what)
+
+        fleet.safely("provision", write)
 
     def info(self) -> ClusterInfo:
         return self.cloud.cluster_info(self.name)

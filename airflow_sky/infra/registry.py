@@ -29,6 +29,30 @@ def supported_infras() -> list[str]:
     return sorted(_DRIVERS)
 
 
+def configured_infras() -> tuple[list[str], list[tuple[str, str]]]:
+    """The infras to ask, local first (each ssh pool of the pool files, each cloud), and (what, why) for
+    configuration that could not be read. A cloud is listed whether or not its connection exists."""
+    from airflow_sky.infra.ssh.pools import pool_files, read_pool_file
+
+    infras = ["local"]
+    problems: list[tuple[str, str]] = []
+    for name in supported_infras():
+        if name == "ssh":
+            pools: list[str] = []
+            for path in pool_files():
+                if not path.is_file():
+                    continue
+                try:
+                    pools.extend(p for p in read_pool_file(path) if p not in pools)
+                except SpecError as e:
+                    problems.append(("ssh", str(e)))
+                    break
+            infras.extend(f"ssh/{pool}" for pool in pools)
+        elif name != "local":
+            infras.append(name)
+    return infras, problems
+
+
 def check_connection(infra: str, conn_id: str | None) -> None:
     """An infra that needs no credentials refuses a conn_id (rather than failing deep in its driver)."""
     cloud_name = (infra or "local").split("/", 1)[0].lower()

@@ -73,3 +73,9 @@ class StateStore(abc.ABC):
 
 
 _CLOCK_KEY = "clock"
+
+
+def is_cluster_store(name: str) -> bool:
+    """Whether a store of that name holds a cluster's records (not the fleet ledger's: a cluster's name
+    never has a dot), for the infras that list their clusters from their stores."""
+    return "." not in name

@@ -16,6 +16,7 @@ from airflow_sky.gang.job import sanitize_cluster_name
 from airflow_sky.gang.state import ClusterClosing
 from airflow_sky.hooks.cluster import SkyClusterHook
 from airflow_sky.hooks.pool import SkyPoolHook
+from airflow_sky.infra.ledger import owner_of
 from airflow_sky.operators.base import CONN_ID_XCOM_KEY, SWEEP_CANCEL_XCOM_KEY, SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 from airflow_sky.task import GitWorkdir
@@ -173,11 +174,13 @@ class SkyProvisionOperator(SkyBaseOperator):
             self.sky_task.num_nodes,
         )
         # Buckets first: a bucket the connection cannot reach fails the job before any node costs money.
+        triggering_user = getattr(context.get("dag_run"), "triggering_user_name", None)
+        owner = owner_of(self.dag_id, run_id, triggering_user)
         buckets = hook.prepare_buckets(self.sky_task, self.log.info, self.aws_conn_id, self.gcp_conn_id)
         try:
             for attempt in range(1, _CLOSING_ATTEMPTS + 1):
                 try:
-                    hook.provision(self.sky_task, retry_until_up=self.retry_until_up)
+                    hook.provision(self.sky_task, retry_until_up=self.retry_until_up, owner=owner)
                     nodes = hook.running_nodes(expected=self.sky_task.num_nodes)
                     hook.arm_autostop(self.sky_task, nodes)
                     handle = hook.register_job(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_sky.gang.job import JobHandle
+from airflow_sky.infra.ledger import COST_XCOM_KEY, cost_line
 from airflow_sky.operators.base import SkyBaseOperator
 from airflow_sky.operators.job_spec import JobSpec
 
@@ -27,6 +28,26 @@ class SkyTeardownOperator(SkyBaseOperator):
         self.mask_secrets()  # (and a managed job's spec adopted: whether the cluster goes down)
         handle = self.handle()
         hook = self.hook(handle)
+        try:
+            self._release(handle, hook)
+        finally:
+            self._push_cost(context, hook)
+
+    def _push_cost(self, context: Any, hook: Any) -> None:
+        """The run's cost (XCom `cost`): its cluster's node-hours since the run started times the catalog's
+        price, from the fleet ledger; said in the log as the job's cost line."""
+        started = getattr(context.get("dag_run"), "start_date", None)
+        try:
+            cost = hook.cost_since(started.timestamp() if started is not None else None)
+        except Exception as e:  # the bill is an aid: a store that does not answer never fails the teardown
+            self.log.warning("The run's cost is not known: %s", e)
+            return
+        if cost is None:
+            return
+        context["ti"].xcom_push(key=COST_XCOM_KEY, value=cost)
+        self.log.info("%s", cost_line(cost))
+
+    def _release(self, handle: JobHandle, hook: Any) -> None:
         name = handle.cluster_name
         release = hook.release_cluster(handle, self.down, self.log.info)
         if not release.terminate:

@@ -17,6 +17,7 @@ _SUBCOMMAND_MODULES = (
     "check",
     "launch",
     "clusters",
+    "cost_report",
     "cluster_jobs",
     "progress_view",
     "managed_jobs",

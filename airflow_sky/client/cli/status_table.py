@@ -2,20 +2,52 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from airflow_sky.client.cli.tables import Column, fitted_table, terminal_console
+from airflow_sky.infra.ledger import money
 
-# On a narrow terminal the name is cut first, then HEAD IP, NODES, INFRA and AUTOSTOP go in that order.
+# On a narrow terminal the name is cut first, then HEAD IP, OWNER, IDLE, NODES, INFRA, COST/HR and
+# AUTOSTOP go in that order.
 _COLUMNS = (
     Column("NAME", name=True),
-    Column("INFRA", drop=3),
-    Column("NODES", drop=2),
+    Column("INFRA", drop=5),
+    Column("NODES", drop=4),
     Column("HEAD IP", drop=1),
-    Column("AUTOSTOP", drop=4),
+    Column("COST/HR", drop=6),
+    Column("IDLE", drop=3),
+    Column("OWNER", drop=2),
+    Column("AUTOSTOP", drop=7),
     Column("STATUS"),
 )
+
+
+def cost_cell(cost_per_hour: float | None, status: str) -> str:
+    """`$0.38`, `$0.00` for nodes not billed by the hour, `-` when not up or unknown."""
+    if status != "UP" or cost_per_hour is None:
+        return "-"
+    return money(cost_per_hour)
+
+
+def idle_cell(idle_since: float | None, now: float) -> str:
+    """How long an UP cluster has had no live job: `12m`, `3h 4m`, `-` while one runs."""
+    if idle_since is None:
+        return "-"
+    seconds = max(0, int(now - idle_since))
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def owner_cell(owner: dict[str, Any] | None) -> str:
+    """The user who launched it (the DAG for a run no user triggered), `-` when the ledger has none."""
+    if not owner:
+        return "-"
+    return str(owner.get("user") or owner.get("dag_id") or "-")
 
 
 def autostop_cell(setting: dict[str, Any] | None) -> str:
@@ -34,6 +66,7 @@ def print_status(clusters: Sequence[dict[str, Any]], infra: str | None) -> None:
     by_infra = len(infras) > 1  # clusters on several infras: a column says which
     columns = [c for c in _COLUMNS if by_infra or c.header != "INFRA"]
     rows = []
+    now = time.time()
     for cluster in clusters:
         nodes = cluster["nodes"]
         cells = {
@@ -42,6 +75,9 @@ def print_status(clusters: Sequence[dict[str, Any]], infra: str | None) -> None:
             "NODES": str(len(nodes)),
             "HEAD IP": nodes[0]["internal_ip"] if nodes else "-",
             "AUTOSTOP": autostop_cell(cluster.get("autostop")),
+            "COST/HR": cost_cell(cluster.get("cost_per_hour"), cluster["status"]),
+            "IDLE": idle_cell(cluster.get("idle_since"), now),
+            "OWNER": owner_cell(cluster.get("owner")),
             "STATUS": cluster["status"],
         }
         rows.append([cells[c.header] for c in columns])

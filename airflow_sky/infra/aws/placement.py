@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow_sky.infra.aws.connection import AwsConnection
 from airflow_sky.infra.aws.state_store import DynamoDbStateStore, cluster_names
+from airflow_sky.infra.ledger import Billing, catalog_billing
 from airflow_sky.infra.vm_cloud import VmCloud
 from airflow_sky.task.envs import ClusterInfo
 
@@ -70,6 +71,14 @@ class AwsClusterRecords(AwsConnection, VmCloud):
             return ClusterInfo(cluster_name, "aws", self.region, self.zone)
         return ClusterInfo(
             cluster_name, "aws", placement.region, self.zone_name(placement.region, placement.zone)
+        )
+
+    def billing(self, cluster_name: str) -> Billing | None:
+        placement = self._placement(cluster_name)
+        if placement is None:
+            return None
+        return catalog_billing(
+            "aws", placement.instance_type, placement.use_spot, placement.region, placement.zone
         )
 
     def clusters(self) -> Sequence[str]:

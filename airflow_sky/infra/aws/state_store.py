@@ -20,7 +20,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from airflow_sky.errors import ClusterError
-from airflow_sky.infra.state_store import StateStore, Versioned, validate_key
+from airflow_sky.infra.state_store import StateStore, Versioned, is_cluster_store, validate_key
 
 _TABLE_READY_TIMEOUT_S = 120
 _ready_tables: set[tuple[int, str]] = set()
@@ -194,4 +194,4 @@ def cluster_names(client: Any, table: str) -> list[str]:
         TableName=table, ProjectionExpression="#c", ExpressionAttributeNames={"#c": "cluster"}
     ):
         names.update(item["cluster"]["S"] for item in page.get("Items", []))
-    return sorted(names)
+    return sorted(n for n in names if is_cluster_store(n))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from airflow_sky.infra.gcp.connection import GcpConnection
 from airflow_sky.infra.gcp.state_store import GcsStateStore, cluster_names, ensure_bucket
+from airflow_sky.infra.ledger import Billing, catalog_billing
 from airflow_sky.infra.vm_cloud import VmCloud
 from airflow_sky.task.envs import ClusterInfo
 
@@ -52,6 +53,12 @@ class GcpClusterRecords(GcpConnection, VmCloud):
         if placement is None:
             return ClusterInfo(cluster_name, "gcp", self.region, self.zone)
         return ClusterInfo(cluster_name, "gcp", placement.region, placement.zone)
+
+    def billing(self, cluster_name: str) -> Billing | None:
+        p = self._placement(cluster_name)
+        if p is None:
+            return None
+        return catalog_billing("gcp", p.machine_type, p.use_spot, p.region, p.zone, p.accelerator)
 
     def clusters(self) -> Sequence[str]:
         s = self.settings

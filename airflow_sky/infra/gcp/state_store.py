@@ -21,7 +21,7 @@ from google.auth.exceptions import GoogleAuthError
 from google.cloud.storage import Client
 
 from airflow_sky.errors import ClusterError
-from airflow_sky.infra.state_store import StateStore, Versioned, validate_key
+from airflow_sky.infra.state_store import StateStore, Versioned, is_cluster_store, validate_key
 
 DEFAULT_PREFIX = "airflow-sky/clusters"
 _READ_ATTEMPTS = 5  # a read retries when a writer replaces the record between its metadata and its data
@@ -167,4 +167,5 @@ def cluster_names(client: Client, bucket: str, prefix: str = DEFAULT_PREFIX) -> 
             pass
     except (GoogleAPIError, GoogleAuthError) as e:
         raise _failure(bucket, f"listing {start!r}", e) from e
-    return sorted(p[len(start) :].rstrip("/") for p in pages.prefixes)
+    names = (p[len(start) :].rstrip("/") for p in pages.prefixes)
+    return sorted(n for n in names if is_cluster_store(n))

@@ -19,7 +19,7 @@ from typing import Any
 
 from airflow_sky.errors import ClusterError, RemoteError
 from airflow_sky.infra.ssh.hosts import unusable_reason
-from airflow_sky.infra.state_store import StateStore, Versioned, validate_key
+from airflow_sky.infra.state_store import StateStore, Versioned, is_cluster_store, validate_key
 from airflow_sky.node.client import NodeClient
 
 STATE_ROOT = ".airflow_sky/state"
@@ -133,4 +133,5 @@ class SshStateStore(StateStore):
 
 def list_clusters(client: NodeClient, pool: str) -> list[str]:
     """The clusters with records on the state host."""
-    return sorted(n for n in client.listdir(f"{STATE_ROOT}/{pool}") or [] if not n.startswith("."))
+    names = client.listdir(f"{STATE_ROOT}/{pool}") or []
+    return sorted(n for n in names if not n.startswith(".") and is_cluster_store(n))
