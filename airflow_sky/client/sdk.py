@@ -290,7 +290,7 @@ def start(cluster_name: str) -> None:
         raise ClusterError(f"cluster {cluster_name!r} is not stopped ({states}); nothing to start")
     cluster.record_autostop(None)  # its nodes come back without their watchers (`autostop -i` re-arms)
     started = cluster.cloud.provision(ProvisionRequest(cluster_name=cluster_name, num_nodes=len(nodes)))
-    cluster.record_provisioned(started, None, f"started again ({len(started)} node(s))")
+    cluster.record_provisioned(started, None, f"{len(started)} node(s) started again", kind="started")
     cluster_again = cluster_of(cluster_name)
     ssh_config.write_entries(cluster_name, started, cluster_again.key_files(started))
 

@@ -169,6 +169,7 @@ class Cluster:
         what: str,
         billing: Billing | None = None,
         only_new: bool = False,
+        kind: str = "provisioned",
     ) -> None:
         """The nodes that run now, on the bill (a provision, a start); `only_new`: only when the ledger
         has no record of the cluster yet."""
@@ -181,7 +182,7 @@ class Cluster:
                 if record is not None and record.get("ended_at") is None:
                     return
             found = billing if billing is not None else self.cloud.billing(self.name)
-            fleet.provisioned(self.name, self.infra, running, owner, found, what)
+            fleet.provisioned(self.name, self.infra, running, owner, found, what, kind)
 
         fleet.safely("provision", write)
 

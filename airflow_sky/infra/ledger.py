@@ -321,8 +321,10 @@ class Ledger:
         owner: Mapping[str, Any] | None,
         billing: Billing | None,
         what: str,
+        kind: str = "provisioned",
     ) -> None:
-        """The cluster's nodes after a provisioning (rank -> instance id of each running node)."""
+        """The cluster's nodes after a provisioning (rank -> instance id of each running node); `kind`
+        names the event (`started` for a stopped cluster started again)."""
         now = self.clock()
 
         def change(record: dict[str, Any] | None) -> dict[str, Any]:
@@ -335,7 +337,7 @@ class Ledger:
             updated, changes = with_nodes(base, running, now)
             if fresh:
                 return with_event(updated, now, "provisioned", what)
-            return with_event(updated, now, "provisioned", what) if changes else updated
+            return with_event(updated, now, kind, what) if changes else updated
 
         self.update(cluster, change)
 

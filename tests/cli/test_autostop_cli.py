@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from airflow_sky.gang.fleet import FleetReader
 from airflow_sky.infra.base import NodeStatus
 from airflow_sky.infra.local import daemon
 from airflow_sky.infra.local.cloud import LocalCloud
@@ -44,6 +45,11 @@ def test_idle_minutes_with_down_leaves_the_cluster_to_end_itself_once_idle(
     _wait_for_statuses("idle-down", [])  # no teardown ran: the nodes ended themselves
     _wait_for_no_processes("idle-down")
     assert "idle-down" not in LocalCloud().clusters()  # its node dirs went with the nodes
+    # The fleet reader finds it gone and ends its ledger record, saying how.
+    [ended] = [
+        r for r in FleetReader(LocalCloud(), "local").read(ended_since=0) if r["cluster"] == "idle-down"
+    ]
+    assert ended["status"] == "TERMINATED" and "autodown" in ended["events"][-1][3], ended["events"]
 
 
 def test_idle_minutes_without_down_stops_the_nodes_and_the_next_launch_starts_them_again(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +56,23 @@ def _resources(row: dict[str, Any]) -> str:
     return f"{count}x {kind}" if count else kind
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """Send file descriptor 1 to stderr meanwhile (a logger that kept the stdout stream writes there too)."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _cost_report(args: argparse.Namespace) -> int:
     from airflow_sky.client.cost_report import cost_rows
     from airflow_sky.infra import catalog
@@ -60,7 +80,8 @@ def _cost_report(args: argparse.Namespace) -> int:
 
     if args.days < 0:
         raise SpecError(f"cost-report: --days must be >= 0, got {args.days:g}")
-    rows, problems = cost_rows(args.days, args.infra)
+    with _stdout_to_stderr(args.json):  # Airflow's hooks log to stdout: --json keeps stdout for the JSON
+        rows, problems = cost_rows(args.days, args.infra)
     for infra, why in problems:
         print(f"airflow-sky: note: cost-report: {infra} could not be asked: {why}", file=sys.stderr)
     known = [float(r["cost"]) for r in rows if r.get("cost") is not None]
