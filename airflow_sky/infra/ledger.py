@@ -282,12 +282,15 @@ class Ledger:
         return current_records([f.data for f in found if f is not None])
 
     def ended(self, since: float | None = None) -> list[dict[str, Any]]:
-        """Torn-down clusters' records (those ended after `since`, when given), oldest first."""
+        """Torn-down clusters' records (those ended after `since`, when given), oldest first. The key holds
+        the end time: only the records asked for are read."""
         records = []
         for key in self.store.keys(ENDED_PREFIX):
+            ended_at = _ended_at(key)
+            if ended_at is None or (since is not None and ended_at < since):
+                continue
             found = self.store.get(key)
-            ended_at = found.data.get("ended_at") if found is not None else None
-            if found is not None and ended_at is not None and (since is None or ended_at >= since):
+            if found is not None and found.data.get("ended_at") is not None:
                 records.append(found.data)
         return sorted(records, key=lambda r: r.get("ended_at") or 0)
 
@@ -384,7 +387,7 @@ class Ledger:
             if current is None:
                 return
             record = with_event(closed(current.data, now), now, "torn down", text) | {"ended_at": now}
-            ended_key = f"{ENDED_PREFIX}/{cluster}.{int(float(record.get('launched_at') or now) * 1000)}"
+            ended_key = f"{ENDED_PREFIX}/{int(now * 1000):013d}-{cluster}"
             if self.store.get(ended_key) is None:
                 self.store.put(ended_key, record, None)
             # A conditional "delete": the store has none, so the live record says it ended; a provision
@@ -394,11 +397,20 @@ class Ledger:
                 return
 
     def _forget_old(self, now: float) -> None:
-        """Drop ended records past RETAIN_S (a write per old record; none on most teardowns)."""
+        """Empty the ended records past RETAIN_S (the store has no delete): one listing, and a write only
+        for a record that expired since (the key holds its end time)."""
         for key in self.store.keys(ENDED_PREFIX):
-            found = self.store.get(key)
-            if found is not None and (found.data.get("ended_at") or now) < now - RETAIN_S:
-                self.store.put(key, {"expired": True}, found.version)
+            ended_at = _ended_at(key)
+            if ended_at is not None and ended_at < now - RETAIN_S:
+                found = self.store.get(key)
+                if found is not None and found.data.get("ended_at") is not None:
+                    self.store.put(key, {"expired": True}, found.version)
+
+
+def _ended_at(key: str) -> float | None:
+    """The end time an `ended/` key holds (`ended/<ms>-<cluster>`)."""
+    stamp = key.rpartition("/")[2].partition("-")[0]
+    return int(stamp) / 1000.0 if stamp.isdigit() else None
 
 
 def current_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from airflow.api_fastapi.app import API_ROOT_PATH
 
+ENDED_JOBS_SHOWN = 100  # the newest ended jobs the page lists (every live one is listed)
 EditCheck = Callable[[str | None], bool]  # dag_id (None: every DAG) -> may this user edit its runs
 
 
@@ -90,6 +91,9 @@ def shape(
                 }
             )
     up = [c for c in clusters if c["ended_at"] is None]
+    jobs.sort(key=lambda j: str(j.get("submitted_at") or ""), reverse=True)
+    live_jobs = [j for j in jobs if j.get("status") not in _TERMINAL]
+    ended_jobs = [j for j in jobs if j.get("status") in _TERMINAL]
     known_costs = [float(c["cost"]) for c in clusters if c.get("cost") is not None]
     return {
         "generated_at": now,
@@ -99,10 +103,13 @@ def shape(
             "nodes": sum(int(c.get("nodes") or 0) for c in up),
             "cost_per_hour": sum(float(c.get("cost_per_hour") or 0.0) for c in up),
             "cost": sum(known_costs),
-            "jobs_running": sum(1 for j in jobs if j.get("status") not in _TERMINAL),
+            "jobs_running": len(live_jobs),
+            "jobs": len(jobs),
         },
         "clusters": clusters,
-        "jobs": sorted(jobs, key=lambda j: str(j.get("submitted_at") or ""), reverse=True),
+        # Every live job and the newest ended ones: a long-lived fleet's history would fill the page.
+        "jobs": live_jobs + ended_jobs[:ENDED_JOBS_SHOWN],
+        "jobs_hidden": max(0, len(ended_jobs) - ENDED_JOBS_SHOWN),
         "notes": [{"infra": infra, "why": why} for infra, why in notes],
     }
 

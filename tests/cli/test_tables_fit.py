@@ -5,6 +5,7 @@ to nothing, and ids and statuses stay whole. Rendered with rich consoles of thos
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -151,7 +152,9 @@ def test_status_with_long_names_on_several_infras_fits(width, monkeypatch):
     nodes = [{"internal_ip": "10.128.0.123", "status": "RUNNING"}] * 3
     clusters = [
         {"name": f"cluster-with-a-long-name-for-the-nightly-run-{i}", "infra": infra, "status": "UP",
-         "nodes": nodes, "autostop": {"idle_minutes": 10, "down": i == 1}}
+         "nodes": nodes, "autostop": {"idle_minutes": 10, "down": i == 1},
+         "cost_per_hour": 0.384 * (infra.startswith("aws")), "idle_since": None if i else time.time() - 750,
+         "owner": {"user": "alice", "dag_id": "nightly"} if i < 2 else None}
         for i, infra in enumerate(["local", "aws/us-east-1", "ssh/lab"])
     ]  # fmt: skip
     console = Console(width=width, file=io.StringIO(), highlight=False)
@@ -162,8 +165,12 @@ def test_status_with_long_names_on_several_infras_fits(width, monkeypatch):
     rows = _cells(out)
     assert rows[0][0] == "NAME" and rows[0][-1] == "STATUS" and all(len(r[0]) >= NAME_MIN for r in rows[1:])
     if width == 200:
-        assert rows[0] == ["NAME", "INFRA", "NODES", "HEAD IP", "AUTOSTOP", "STATUS"]
-        assert [r[4] for r in rows[1:]] == ["10m", "10m (down)", "10m"]
+        assert rows[0] == ["NAME", "INFRA", "NODES", "HEAD IP", "COST/HR", "IDLE", "OWNER", "AUTOSTOP", "STATUS"]
+        assert [r[4:8] for r in rows[1:]] == [
+            ["$0.00", "12m", "alice", "10m"],
+            ["$0.38", "-", "alice", "10m (down)"],
+            ["$0.00", "-", "-", "10m"],
+        ]
     assert autostop_cell(None) == "-"
 
 

@@ -197,7 +197,9 @@
     totals(data.totals);
     clusterRows.replaceChildren.apply(clusterRows, data.clusters.map(clusterRow));
     jobRows.replaceChildren.apply(jobRows, data.jobs.map(jobRow));
-    notesBox.textContent = data.notes.map(function (n) { return n.infra + " could not be read: " + n.why; }).join(" · ");
+    var notes = data.notes.map(function (n) { return n.infra + " could not be read: " + n.why; });
+    if (data.jobs_hidden) notes.unshift(data.jobs_hidden + " older ended jobs not listed (cost-report and each cluster's queue have them)");
+    notesBox.textContent = notes.join(" · ");
     catalogLine.textContent = "Costs: the packaged catalog's hourly prices (as of " + (data.catalog_as_of || "?") +
       ") × node-hours; local nodes and ssh pool hosts cost nothing here.";
     statusLine.classList.remove("error");
