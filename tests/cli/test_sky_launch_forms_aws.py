@@ -62,3 +62,6 @@ def test_launch_runs_a_command_on_aws_and_leaves_no_instance(
     info = json.loads(line.split("hi on ", 1)[1])
     assert (info["cluster_name"], info["cloud"], info["region"]) == (cluster, "aws", REGION)
     assert live_instances(moto_endpoint, cluster) == []
+    # The summary names what the launch cost: its node-hours at the catalog's on-demand price.
+    (cost,) = [line for line in result.stdout.splitlines() if line.startswith("Cost: $")]
+    assert "node-hours of m6i.large on demand at $" in cost and "catalog of " in cost, cost

@@ -60,7 +60,7 @@ with DAG("fleet_local", schedule=None) as dag:
             run='echo "$SKYPILOT_NODE_RANK $AIRFLOW_SKY_RECOVERY_COUNT" >> {probe}/local; '
                 'if [ "$AIRFLOW_SKY_RECOVERY_COUNT" = 0 ]; then sleep 600; fi',
         ),
-        cluster_name="fleet-local", down=False, trigger_min_wait_s=1,
+        cluster_name="fleet-local", down=False, deferrable=True, defer_after_s=0,
     )
 """,
     "fleet_ssh": """

@@ -148,6 +148,9 @@ def print_summary(
         # Wrapped here: the launch's console soft-wraps (a node's log line is never cut).
         for line in exit_code_lines(phase, outcome.exit_codes.get(phase) or {}, console.width):
             console.print(line, highlight=False, markup=False)
+    cost = cost_line_of(outcome, started_at)
+    if cost is not None:
+        console.print(cost, highlight=False, markup=False)
     job = f"Job {outcome.job_id}" if outcome.job_id is not None else "Job"
     status = status or job_status_of(outcome)
     if outcome.succeeded:
@@ -161,6 +164,24 @@ def print_summary(
         )
     what = "Airflow log of this launch" if outcome.by_airflow else "Log of this exec"  # exec: no DAG run
     console.print(Text(f"{what}: {outcome.log_file}", style="dim"), highlight=False)
+
+
+def cost_line_of(outcome: JobOutcome, started_at: float) -> str | None:
+    """The launch's `Cost: ...` line (its nodes' time since it started, at the catalog's price), from the
+    fleet ledger; None where nothing is billed by the hour (local, ssh pools) or the ledger has no record."""
+    from airflow_sky.infra import ledger
+    from airflow_sky.infra.registry import open_cluster
+
+    handle = outcome.handle
+    if handle is None:
+        return None
+    try:
+        record = open_cluster(handle.cluster_name, handle.infra).ledger_record()
+    except Exception:  # the summary goes on without its cost line
+        return None
+    if not record or not record.get("billing"):
+        return None
+    return ledger.cost_line(ledger.summary(record, time.time(), since=started_at))
 
 
 def job_status_of(outcome: JobOutcome) -> str:
