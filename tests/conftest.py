@@ -53,6 +53,7 @@ SLOWEST_FILES = (
     "tests/cli/test_sky_launch_forms.py",  # a kept cluster, four launches/execs: ~140 s on a loaded machine
     "tests/cli/test_sky_cluster_forms.py",  # ~75 s
     "tests/docs/test_guide_samples.py",  # the guide's minGPT launch: ~50 s
+    "tests/ui/test_fleet_view_browser.py",  # an Airflow stack, sshd hosts, moto, three jobs, Chromium: ~85 s
     # Last of the slow ones: started once the first waves of stacks are over (with them, the machine was loaded
     # enough for jobs_cli's exec waits and the wide job's sshd hosts to time out).
     "tests/ui/test_sweep_view_browser.py",  # an Airflow stack, a minGPT sweep on a pool, Chromium: ~2 min idle

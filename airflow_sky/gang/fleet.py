@@ -103,8 +103,12 @@ class FleetReader:
         now = time.time() if now is None else now
         records = {r["cluster"]: r for r in self.ledger.live()}
         names = sorted({*records, *self.cloud.clusters()})
-        with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-            views = list(pool.map(lambda n: self._view(n, records.get(n), now), names))
+        threads = max(1, min(READ_THREADS, self.cloud.concurrent_reads, len(names)))
+        if threads == 1:
+            views = [self._view(n, records.get(n), now) for n in names]
+        else:
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                views = list(pool.map(lambda n: self._view(n, records.get(n), now), names))
         rows = [v for v in views if v is not None]
         if ended_since is not None:
             rows += [self._ended_view(r, now) for r in self.ledger.ended(ended_since)]

@@ -77,6 +77,9 @@ class Cloud(abc.ABC):
     """One infra. Implementations are registered in airflow_sky.infra.registry."""
 
     name: str
+    # How many clusters a reader of the whole fleet asks at once: a store over the network answers many
+    # reads at once; local files are read faster by one thread (more only contend for the GIL).
+    concurrent_reads = 16
 
     @abc.abstractmethod
     def provision(self, request: ProvisionRequest) -> list[Node]:

@@ -189,6 +189,7 @@ class LocalCloud(Cloud):
     # ---- local-only operations -------------------------------------------------------------------------
 
     reports_notices = True
+    concurrent_reads = 1  # its stores are local files (see Cloud.concurrent_reads)
 
     def notice_check(self, cluster_name: str) -> str | None:
         return f'read -r -n 32 n < "$HOME/{layout.NOTICE_PATH}" && echo "$n"'  # builtins: no process a round
