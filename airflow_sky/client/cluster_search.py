@@ -15,10 +15,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from airflow_sky.client import cluster_index
 from airflow_sky.errors import ClusterError
 from airflow_sky.task.diagnostics import did_you_mean
+
+if TYPE_CHECKING:  # the drivers load Airflow's providers: imported when an infra is asked
+    from airflow_sky.infra.base import Cloud
 
 SEARCH_TIMEOUT_S = 60.0  # an unreachable pool host or cloud endpoint is reported, not waited for
 _REASON_CHARS = 200
@@ -51,8 +55,8 @@ def candidate_infras() -> tuple[list[str], list[tuple[str, str]]]:
     return configured_infras()
 
 
-def has_cluster(infra: str, cluster_name: str) -> bool:
-    """Whether `infra` has nodes of `cluster_name`; NotConfigured when it is not set up here."""
+def configured_cloud(infra: str) -> Cloud:
+    """The driver of `infra`; NotConfigured when it is not set up here (no connection, no extra)."""
     from airflow_sky.errors import SpecError
     from airflow_sky.infra.registry import default_conn_id, get_cloud
 
@@ -62,10 +66,14 @@ def has_cluster(infra: str, cluster_name: str) -> bool:
     if conn_id is not None:
         _require_connection(conn_id)
     try:
-        cloud = get_cloud(infra)
+        return get_cloud(infra)
     except SpecError as e:  # the cloud's extra is not installed
         raise NotConfigured(str(e)) from e
-    return bool(cloud.nodes(cluster_name))
+
+
+def has_cluster(infra: str, cluster_name: str) -> bool:
+    """Whether `infra` has nodes of `cluster_name`; NotConfigured when it is not set up here."""
+    return bool(configured_cloud(infra).nodes(cluster_name))
 
 
 def _require_connection(conn_id: str) -> None:

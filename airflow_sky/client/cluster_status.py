@@ -115,15 +115,9 @@ def _lister(listed: dict[str, list[str]]) -> Callable[[str, str], bool]:
     is not set up here, and is left out quietly)."""
 
     def probe(infra: str, _: str) -> bool:
-        from airflow_sky.errors import SpecError
-        from airflow_sky.infra.registry import default_conn_id, get_cloud
-
         try:
-            conn_id = default_conn_id(infra)
-            if conn_id is not None:
-                cluster_search._require_connection(conn_id)
-            cloud = get_cloud(infra)
-        except (cluster_search.NotConfigured, SpecError):
+            cloud = cluster_search.configured_cloud(infra)
+        except cluster_search.NotConfigured:
             return False
         listed[infra] = list(cloud.clusters())
         return True

@@ -24,16 +24,10 @@ def cost_rows(days: float, infra: str | None = None) -> tuple[list[dict[str, Any
     rows: dict[str, list[dict[str, Any]]] = {}
 
     def probe(name: str, _: str) -> bool:
-        from airflow_sky.errors import SpecError
-        from airflow_sky.infra.registry import default_conn_id, get_cloud
-
         try:
-            conn_id = default_conn_id(name)
-            if conn_id is not None:
-                cluster_search._require_connection(conn_id)
-            cloud = get_cloud(name)
-        except (cluster_search.NotConfigured, SpecError):
-            if infra is not None:
+            cloud = cluster_search.configured_cloud(name)
+        except cluster_search.NotConfigured:
+            if infra is not None:  # the one infra asked for: say why it could not be
                 raise
             return False
         rows[name] = FleetReader(cloud, name, with_progress=False).read(ended_since=since, now=now)

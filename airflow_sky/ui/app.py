@@ -103,7 +103,10 @@ def create_app() -> FastAPI:
         rows, notes = _fleet_reads.get(
             ended_hours, lambda: SkyFleetHook().read(ended_since=now - ended_hours * 3600)
         )
-        return fleet.shape(rows, notes, now, _edit_check(user), catalog.meta().get("as_of"))
+        readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        return fleet.shape(
+            rows, notes, now, _edit_check(user), catalog.meta().get("as_of"), readable.__contains__
+        )
 
     @app.post("/api/v1/fleet/clusters/{cluster}/{action}", dependencies=[ReadRuns])
     def cluster_action(

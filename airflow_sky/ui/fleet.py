@@ -43,8 +43,10 @@ def shape(
     now: float,
     may_edit: EditCheck,
     catalog_as_of: str | None,
+    readable: Callable[[str], bool] = lambda dag_id: True,
 ) -> dict[str, Any]:
-    """The page's JSON for one user."""
+    """The page's JSON for one user: what the DAGs they may not read own or submitted is left out (a
+    cluster no DAG of this Airflow owns is everyone's to see)."""
     clusters: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
     edits: dict[str | None, bool] = {}
@@ -58,8 +60,16 @@ def shape(
         rows, key=lambda r: (r.get("ended_at") is not None, str(r.get("infra")), str(r.get("cluster")))
     ):
         owner = row.get("owner") or {}
+        dag = owner_dag(owner)
+        if dag is not None and not readable(dag):
+            continue
         live = row.get("ended_at") is None
-        cluster_jobs = list(row.get("jobs") or ())
+        # On a cluster a DAG here owns, its jobs' DAGs are this Airflow's too; a CLI launch's are not.
+        cluster_jobs = [
+            j
+            for j in row.get("jobs") or ()
+            if dag is None or not j.get("dag_id") or readable(str(j["dag_id"]))
+        ]
         clusters.append(
             {
                 **{k: row.get(k) for k in ("cluster", "infra", "status", "nodes", "billing", "autostop")},

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -39,9 +38,10 @@ from typing import Any
 import httpx
 
 from tests.scheduler.stack import stop_on_sigterm
-from tests.scheduler.stack_driver import API, _get, _stack_env, _trigger, start_standalone, stop_stack
+from tests.scheduler.stack_driver import API, _get, _trigger, start_standalone, stop_stack
 from tests.ui.progress_driver import PAGE_TIMEOUT_MS, Stage
 from tests.ui.progress_page import chromium, log_in
+from tests.ui.sweep_driver import _auth_env, _ended, _token
 
 USERS = {"admin": "admin", "editor": "user", "viewer": "viewer"}  # user -> role
 REGION = "us-east-1"
@@ -115,31 +115,6 @@ READ_PAGE_JS = """
 """
 
 
-def _auth_env(home: Path) -> tuple[dict[str, str], dict[str, str]]:
-    passwords = {user: secrets.token_urlsafe(12) for user in USERS}
-    path = home / "simple_auth_manager_passwords.json"
-    path.write_text(json.dumps(passwords))
-    env = _stack_env(home)
-    env.update(
-        {
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(path),
-        }
-    )
-    return env, passwords
-
-
-def _token(password: str, user: str) -> str | None:
-    got = httpx.post(f"{API}/auth/token", json={"username": user, "password": password}, timeout=30)
-    return str(got.json()["access_token"]) if got.status_code == 201 else None
-
-
-def _run_state(client: httpx.Client, dag_id: str, run_id: str) -> str | None:
-    state = str(_get(client, f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()["state"])
-    return state if state in ("success", "failed") else None
-
-
 def _preempt_rank_1_once_running(probe: Path) -> bool:
     from airflow_sky.infra.local.cloud import LocalCloud
 
@@ -179,12 +154,12 @@ def run(config: dict[str, Any], report: dict[str, Any], stage: Stage, passwords:
         "rank 1 of the local job to be preempted", lambda: _preempt_rank_1_once_running(Path(config["probe"]))
     )
     deadline = time.monotonic() + 150
-    while _run_state(client, "fleet_local", runs["fleet_local"]) is None and time.monotonic() < deadline:
+    while _ended(client, "fleet_local", runs["fleet_local"]) is None and time.monotonic() < deadline:
         time.sleep(2)
-    if _run_state(client, "fleet_local", runs["fleet_local"]) is None:
+    if _ended(client, "fleet_local", runs["fleet_local"]) is None:
         report["stuck"] = _stacks_of_tasks()  # what the local job's tasks are doing, for the failure
     report["runs"] = {
-        dag_id: stage.wait(f"{dag_id} to end", lambda d=dag_id, r=run_id: _run_state(client, d, r))
+        dag_id: stage.wait(f"{dag_id} to end", lambda d=dag_id, r=run_id: _ended(client, d, r))
         for dag_id, run_id in runs.items()
     }
 
@@ -325,7 +300,7 @@ def main(config_path: str, report_path: str) -> int:
                     probe=config["probe"], pool=config["pool"], region=REGION, image=IMAGE_PARAMETER
                 )
                 (home / "dags" / f"{dag_id}.py").write_text(text)
-            env, passwords = _auth_env(home)
+            env, passwords = _auth_env(home, USERS)
             log = home / "standalone.log"
             stack = start_standalone(env, log)
             report["log"] = str(log)

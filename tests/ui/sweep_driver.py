@@ -59,15 +59,16 @@ READ_SWEEP_JS = """
 """
 
 
-def _auth_env(home: Path) -> tuple[dict[str, str], dict[str, str]]:
-    passwords = {user: secrets.token_urlsafe(12) for user in USERS}
+def _auth_env(home: Path, users: dict[str, str] = USERS) -> tuple[dict[str, str], dict[str, str]]:
+    """The stack's env with password users (user -> role) and their passwords."""
+    passwords = {user: secrets.token_urlsafe(12) for user in users}
     path = home / "simple_auth_manager_passwords.json"
     path.write_text(json.dumps(passwords))
     env = _stack_env(home)
     env.update(
         {
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in users.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(path),
         }
     )

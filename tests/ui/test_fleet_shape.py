@@ -89,3 +89,21 @@ def test_a_torn_down_cluster_is_never_editable_and_ended_jobs_are_bounded() -> N
     assert jobs[0]["job_id"] == 999  # every live job first, however old
     assert len(jobs) == 1 + fleet.ENDED_JOBS_SHOWN and answer["jobs_hidden"] == 50
     assert jobs[1]["job_id"] == 149  # then the newest ended ones
+
+
+def test_what_the_dags_a_user_may_not_read_own_is_left_out_but_cli_clusters_are_everyones() -> None:
+    rows = [
+        _row(
+            "mine",
+            {"dag_id": "train", "via": "airflow"},
+            [_job(1, "train", "RUNNING"), _job(2, "secret", "RUNNING")],
+        ),
+        _row("hidden", {"dag_id": "secret", "via": "airflow"}, [_job(1, "secret", "RUNNING")]),
+        _row("laptop", {"dag_id": "sky-launch-1", "via": "cli"}, [_job(1, "sky-launch-1", "RUNNING")]),
+    ]
+    answer = fleet.shape(rows, [], 2000.0, lambda dag_id: False, None, readable={"train"}.__contains__)
+    assert [c["cluster"] for c in answer["clusters"]] == ["laptop", "mine"]
+    assert sorted((j["cluster"], j["dag_id"]) for j in answer["jobs"]) == [
+        ("laptop", "sky-launch-1"),
+        ("mine", "train"),
+    ]

@@ -14,24 +14,8 @@
   var refreshes = 0;
   var openEvents = {};  // the clusters whose event list the user opened stay open across refreshes
 
-  function applyTheme() {
-    var dark = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
-    try {
-      var host = window.parent !== window ? window.parent.document.documentElement : null;
-      if (host) {
-        var scheme = host.getAttribute("data-theme") || host.style.colorScheme || "";
-        dark = host.classList.contains("dark") || scheme === "dark" || (dark && !host.classList.contains("light"));
-      }
-    } catch (e) { /* not same origin: keep the browser's preference */ }
-    document.documentElement.setAttribute("data-theme", dark ? "dark" : "light");
-  }
-
-  function el(tag, attrs, text) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) { node.setAttribute(k, String(attrs[k])); });
-    if (text !== undefined && text !== null) node.textContent = String(text);
-    return node;
-  }
+  var applyTheme = window.skyUi.applyTheme;
+  var el = window.skyUi.el;
 
   function money(value) {
     if (value === null || value === undefined) return "unknown";
