@@ -384,8 +384,8 @@ class Ledger:
         key = live_key(cluster)
         for _ in range(_WRITE_ATTEMPTS):
             current = self.store.get(key)
-            if current is None:
-                return
+            if current is None or current.data.get("ended_at") is not None:
+                return  # never recorded, or ended already (a reader found it gone first)
             record = with_event(closed(current.data, now), now, "torn down", text) | {"ended_at": now}
             ended_key = f"{ENDED_PREFIX}/{int(now * 1000):013d}-{cluster}"
             if self.store.get(ended_key) is None:

@@ -90,6 +90,7 @@ def test_a_torn_down_cluster_is_kept_under_ended_and_a_new_launch_of_its_name_st
     fleet.node_replaced("c", 1, "b", "b2")
     fleet.event("c", "preempted", "rank 1 lost", 1)
     fleet.torn_down("c")
+    fleet.torn_down("c", "found gone by a reader")  # a second teardown of the same record changes nothing
     assert fleet.live() == []
     [ended] = fleet.ended()
     assert [e[1] for e in ended["events"]] == ["provisioned", "replaced", "preempted", "torn down"]
