@@ -249,7 +249,9 @@ def test_tail_starts_at_the_last_n_lines():
 
 def test_stop_on_an_infra_that_cannot_stop_nodes_names_it(monkeypatch):
     node = Node(0, "10.0.0.5", "10.0.0.5", 22, "me", "lab-0", status=NodeStatus.RUNNING)
-    cluster = SimpleNamespace(name="lab-job", infra="ssh/lab", cloud=SshCloud.__new__(SshCloud), nodes=lambda: [node])
+    cluster = SimpleNamespace(
+        name="lab-job", infra="ssh/lab", cloud=SshCloud.__new__(SshCloud), nodes=lambda: [node]
+    )
     monkeypatch.setattr(sdk, "cluster_of", lambda name, infra=None: cluster)
     with pytest.raises(ClusterError) as refused:
         sdk.stop("lab-job")

@@ -165,7 +165,17 @@ def test_status_with_long_names_on_several_infras_fits(width, monkeypatch):
     rows = _cells(out)
     assert rows[0][0] == "NAME" and rows[0][-1] == "STATUS" and all(len(r[0]) >= NAME_MIN for r in rows[1:])
     if width == 200:
-        assert rows[0] == ["NAME", "INFRA", "NODES", "HEAD IP", "COST/HR", "IDLE", "OWNER", "AUTOSTOP", "STATUS"]
+        assert rows[0] == [
+            "NAME",
+            "INFRA",
+            "NODES",
+            "HEAD IP",
+            "COST/HR",
+            "IDLE",
+            "OWNER",
+            "AUTOSTOP",
+            "STATUS",
+        ]
         assert [r[4:8] for r in rows[1:]] == [
             ["$0.00", "12m", "alice", "10m"],
             ["$0.38", "-", "alice", "10m (down)"],
