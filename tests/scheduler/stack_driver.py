@@ -17,6 +17,7 @@ CONFIG: {"home", "dag_id", "xcom_task_id", "timeout_s",
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -261,6 +262,17 @@ def stop_stack(stack: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(stack.pid, signal.SIGKILL)
         stack.wait()
+    # A component still running once standalone ended (a scheduler that did not stop on SIGTERM was found
+    # an hour later, polling its database) is given a few seconds more, then killed.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(stack.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(stack.pid, signal.SIGKILL)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
